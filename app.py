@@ -1,0 +1,22 @@
+"""DDTree Studio: `streamlit run app.py`. The router: per-tab state, the shared sidebar, then the chosen page."""
+import streamlit as st
+
+from ui import settings, state
+
+st.set_page_config(page_title="DDTree Studio", page_icon=":material/account_tree:", layout="wide")
+state.init()
+settings.init_widgets()
+
+page = st.navigation([
+    st.Page("pages/decode.py", title="Decode", icon=":material/play_arrow:", default=True),
+    st.Page("pages/profile.py", title="Profile", icon=":material/speed:"),
+    st.Page("pages/compare.py", title="Compare", icon=":material/difference:"),
+    st.Page("pages/report.py", title="Report", icon=":material/download:"),
+])
+notice = state.apply(settings.sidebar())
+if notice:
+    st.info(notice, icon=":material/restart_alt:")
+if state.settings() is None:
+    st.warning("Enter a valid prompt in the sidebar to decode.")
+    st.stop()
+page.run()

@@ -1,0 +1,1 @@
+"""DDTree Studio engine: config, checkpoints, golden model, torch model, drafters and decoders."""

@@ -1,0 +1,33 @@
+"""The latent KV cache of absorbed MLA: per token and layer, c (kv_lora_rank) and rope(k_pe) (qk_rope_head_dim).
+
+prefix_len is a 0-dim device tensor, so a whole decode step (write rows, verify, compact, advance) runs
+without reading it on the host.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import ops
+
+
+class LatentCache:
+    def __init__(self, num_layers: int, capacity: int, kv_lora_rank: int, rope_dim: int,
+                 device: torch.device | str, dtype: torch.dtype) -> None:
+        self.capacity = capacity
+        self.ckv = torch.zeros(num_layers, capacity, kv_lora_rank, device=device, dtype=dtype)  # [layers, S, R]
+        self.kpe = torch.zeros(num_layers, capacity, rope_dim, device=device, dtype=dtype)  # [layers, S, P]
+        self.prefix_len = torch.zeros((), dtype=torch.int64, device=device)  # rows holding committed tokens
+
+    def write(self, layer: int, c: torch.Tensor, k_pe: torch.Tensor) -> None:
+        """Write a block's rows at prefix_len, prefix_len + 1, ... (node i -> row prefix_len + i)."""
+        rows = self.prefix_len + torch.arange(c.shape[0], device=c.device)
+        self.ckv[layer].index_copy_(0, rows, c.to(self.ckv.dtype))
+        self.kpe[layer].index_copy_(0, rows, k_pe.to(self.kpe.dtype))
+
+    def compact(self, path: torch.Tensor, path_len: torch.Tensor) -> None:
+        """Move the accepted nodes' rows into place (path order) and extend the committed prefix by them."""
+        ops.kv_compact(self.ckv, self.kpe, self.prefix_len, path)
+        self.prefix_len.add_(path_len)
+
+    def reset(self) -> None:
+        self.prefix_len.zero_()

@@ -1,0 +1,179 @@
+"""The target model in torch: DeepSeek-V3 / Kimi-K2 with absorbed MLA over the latent cache.
+
+Attention never materialises per-head K or V: q_nope is absorbed into the latent space through W_UK,
+ddtree.verify_attn attends over (c, rope(k_pe)) rows, and W_UV maps the latent output back per head.
+The same forward serves prefill (causal block), AR (one node) and tree verify (visibility mask).
+MoE runs every expert on every token and weights the outputs by the (mostly zero) routing weights:
+no data-dependent shapes, so a step needs no host sync and can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels import ops
+from profiling.timers import StepTimer
+
+from .cache import LatentCache
+from .checkpoint import Checkpoint
+from .config import ModelConfig
+from .rope import rope_tables
+from .weights import lm_head_name
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_NULL_TIMER = StepTimer(enabled=False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """x [..., P] with cos/sin [N, P/2] broadcast over the middle dims; NeoX rotate-half layout.
+    interleave=True first permutes (x0, x1, x2, ...) to evens-then-odds, as transformers does."""
+    if interleave:
+        x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
+    c, s = cos.view(shape), sin.view(shape)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+@dataclass(slots=True)
+class _Attention:
+    q_a: torch.Tensor | None  # [q_lora, hidden] (None without a q low-rank path)
+    q_a_norm: torch.Tensor | None
+    q_b: torch.Tensor  # [H * (nope + rope), q_lora or hidden]
+    kv_a: torch.Tensor  # [R + P, hidden]
+    kv_a_norm: torch.Tensor  # [R]
+    w_uk: torch.Tensor  # [H, nope, R]
+    w_uv: torch.Tensor  # [H, v, R]
+    o_proj: torch.Tensor  # [hidden, H * v]
+
+
+class TargetModel:
+    """Weights on one device and dtype, plus the forward over a block of nodes."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], max_positions: int) -> None:
+        self.cfg = cfg
+        self.device = weights["model.embed_tokens.weight"].device
+        self.dtype = weights["model.embed_tokens.weight"].dtype
+        self.embed = weights["model.embed_tokens.weight"]
+        self.final_norm = weights["model.norm.weight"]
+        self.lm_head = weights[lm_head_name(cfg)]
+        self.layers = [self._layer(weights, i) for i in range(cfg.num_hidden_layers)]
+        self.cos, self.sin, mscale = rope_tables(cfg, max_positions, self.device)  # [positions, P/2]
+        self.scale = cfg.qk_head_dim ** -0.5 * mscale * mscale
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32",
+                        max_positions: int | None = None) -> TargetModel:
+        torch_dtype = DTYPES[dtype]
+        weights = {name: torch.from_numpy(arr).to(device=device, dtype=torch_dtype)
+                   for name, arr in ckpt.weights.items()}
+        return cls(ckpt.config, weights, max_positions or ckpt.config.max_position_embeddings)
+
+    def _layer(self, w: dict[str, torch.Tensor], i: int) -> dict:
+        cfg, p = self.cfg, f"model.layers.{i}"
+        h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+        kv_b = w[f"{p}.self_attn.kv_b_proj.weight"].view(h, nope + v, cfg.kv_lora_rank)
+        lowrank_q = cfg.q_lora_rank is not None
+        attn = _Attention(
+            q_a=w[f"{p}.self_attn.q_a_proj.weight"] if lowrank_q else None,
+            q_a_norm=w[f"{p}.self_attn.q_a_layernorm.weight"] if lowrank_q else None,
+            q_b=w[f"{p}.self_attn.q_b_proj.weight" if lowrank_q else f"{p}.self_attn.q_proj.weight"],
+            kv_a=w[f"{p}.self_attn.kv_a_proj_with_mqa.weight"],
+            kv_a_norm=w[f"{p}.self_attn.kv_a_layernorm.weight"],
+            w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
+            o_proj=w[f"{p}.self_attn.o_proj.weight"],
+        )
+        layer = {"attn": attn, "norm1": w[f"{p}.input_layernorm.weight"],
+                 "norm2": w[f"{p}.post_attention_layernorm.weight"], "moe": cfg.is_moe_layer(i)}
+        if not layer["moe"]:
+            layer["mlp"] = tuple(w[f"{p}.mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+            return layer
+        experts = [f"{p}.mlp.experts.{e}" for e in range(cfg.n_routed_experts)]
+        layer["router"] = w[f"{p}.mlp.gate.weight"].float()  # [E, hidden]: routing in float32
+        layer["router_bias"] = w[f"{p}.mlp.gate.e_score_correction_bias"].float()  # [E]
+        layer["experts"] = tuple(torch.stack([w[f"{e}.{n}_proj.weight"] for e in experts])
+                                 for n in ("gate", "up", "down"))  # [E, I, h], [E, I, h], [E, h, I]
+        if cfg.n_shared_experts:
+            layer["shared"] = tuple(w[f"{p}.mlp.shared_experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
+        return layer
+
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, block_mask: torch.Tensor,
+                cache: LatentCache, timer: StepTimer = _NULL_TIMER) -> torch.Tensor:
+        """tokens, depths [N]; block_mask [N, N] bool. Node i sits at position prefix_len + depths[i] and
+        its KV lands in cache row prefix_len + i. Returns float32 logits [N, V]."""
+        cfg = self.cfg
+        with timer.range("embed"):
+            x = self.embed[tokens]  # [N, hidden]
+            positions = cache.prefix_len + depths
+            cos, sin = self.cos[positions], self.sin[positions]  # [N, P/2]
+        for i, layer in enumerate(self.layers):
+            with timer.range(f"layer{i}/attn"):
+                x = x + self._attention(i, layer["attn"], rms_norm(x, layer["norm1"], cfg.rms_norm_eps),
+                                        cos, sin, block_mask, cache, timer)
+            ffn_in = rms_norm(x, layer["norm2"], cfg.rms_norm_eps)
+            if layer["moe"]:
+                with timer.range(f"layer{i}/moe"):
+                    x = x + self._moe(layer, ffn_in)
+            else:
+                with timer.range(f"layer{i}/mlp"):
+                    x = x + swiglu(ffn_in, *layer["mlp"])
+        with timer.range("lm_head"):
+            return F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head).float()
+
+    def _attention(self, i: int, a: _Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   block_mask: torch.Tensor, cache: LatentCache, timer: StepTimer) -> torch.Tensor:
+        cfg = self.cfg
+        n, h = x.shape[0], cfg.num_attention_heads
+        q_in = x if a.q_a is None else rms_norm(F.linear(x, a.q_a), a.q_a_norm, cfg.rms_norm_eps)
+        q = F.linear(q_in, a.q_b).view(n, h, cfg.qk_head_dim)
+        q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+        c_kv, k_pe = F.linear(x, a.kv_a).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()  # [N, H, P]
+        cache.write(i, rms_norm(c_kv, a.kv_a_norm, cfg.rms_norm_eps), apply_rope(k_pe, cos, sin, cfg.rope_interleave))
+        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, a.w_uk).contiguous()  # [N, H, R]
+        with timer.range("verify_attn"):
+            o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len, block_mask,
+                                       self.scale)
+        o = torch.einsum("nhr,hvr->nhv", o_lat, a.w_uv).reshape(n, h * cfg.v_head_dim)
+        return F.linear(o, a.o_proj)
+
+    def _moe(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        weights = route(cfg, x.float() @ layer["router"].T, layer["router_bias"])  # [N, E], zero off the top-k
+        gate, up, down = layer["experts"]
+        hidden = F.silu(torch.einsum("nd,eid->eni", x, gate)) * torch.einsum("nd,eid->eni", x, up)  # [E, N, I]
+        out = torch.einsum("eni,edi->end", hidden, down)  # [E, N, hidden]
+        y = torch.einsum("end,ne->nd", out.float(), weights).to(x.dtype)
+        if "shared" in layer:
+            y = y + swiglu(x, *layer["shared"])
+        return y
+
+
+def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3 routing: dense [N, E] float32 weights, non-zero on each token's chosen experts."""
+    scores = logits.sigmoid() if cfg.scoring_func == "sigmoid" else logits.softmax(-1)
+    choice = scores + bias  # the bias steers selection only
+    n, e = choice.shape
+    per_group = e // cfg.n_group
+    if cfg.n_group > 1:
+        group_scores = choice.view(n, cfg.n_group, per_group).topk(min(2, per_group), dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(cfg.topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(per_group, dim=1), -math.inf)
+    idx = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
+    w = scores.gather(1, idx)
+    if cfg.norm_topk_prob:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return torch.zeros_like(scores).scatter(1, idx, w * cfg.routed_scaling_factor)

@@ -1,0 +1,87 @@
+"""What a decode leaves behind: the one thing the dashboard, the reports and the tests read.
+
+Records hold plain Python / numpy values (read off the device after each step), never live tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class TreeRecord:
+    """The drafted tree of one step. Node 0 is the root; nodes are in best-first pop order.
+
+    Padding nodes (a budget larger than the tree the draft allows) have parent -1 and score -inf."""
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    ranks: list[int]  # rank of the node's token among its depth's draft candidates (root: 0)
+    scores: list[float]  # cumulative draft log-probability (root: 0)
+    visibility: np.ndarray  # [N, N] bool: node i sees node j iff j is i or an ancestor of i
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    def children(self, node: int) -> list[int]:
+        return [c for c, p in enumerate(self.parents) if p == node and c != node]
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One decode step (AR: a tree of just the root)."""
+
+    index: int
+    mode: str  # "ar" | "ddtree"
+    prefix_len: int  # cache rows before the step (= position of the root)
+    tree: TreeRecord
+    target: list[int]  # target model's argmax at each node
+    logit_gap: list[float]  # top-1 minus top-2 target logit at each node
+    path: list[int]  # accepted node indices, root first
+    bonus: int  # target argmax at the last accepted node: the step's last committed token
+    committed: list[int]  # tokens this step committed: accepted drafted tokens + the bonus
+    timings_ns: dict[str, int] = field(default_factory=dict)  # stage name -> elapsed ns (empty: timer off)
+    wall_ns: int = 0  # host wall time of the step, reading its record included
+
+    @property
+    def num_accepted(self) -> int:
+        """Drafted tokens accepted (the bonus not counted)."""
+        return len(self.path) - 1
+
+    @property
+    def num_committed(self) -> int:
+        return len(self.committed)
+
+    @property
+    def step_ns(self) -> int:
+        """Wall time of the whole step (the "step" range)."""
+        return self.timings_ns["step"]
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """A whole decode: prefill, then steps until max_new_tokens are committed."""
+
+    mode: str
+    model: dict  # ModelConfig.to_dict()
+    decode: dict  # DecodeConfig.to_dict()
+    prompt: list[int]
+    first_token: int  # the prefill's greedy token (the first root)
+    steps: list[StepRecord]
+    prefill_ns: int
+    tokens: list[int]  # generated tokens, truncated to max_new_tokens
+    logits: np.ndarray | None = None  # [num_generated, V] target logits per generated token (AR runs)
+    wall_ns: int = 0  # prefill + every step's wall_ns
+    drafter: dict = field(default_factory=dict)  # name and knobs of the drafter used
+
+    @property
+    def num_committed(self) -> int:
+        """Tokens produced before truncation: the prefill's token plus every step's."""
+        return 1 + sum(s.num_committed for s in self.steps)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)

@@ -1,0 +1,114 @@
+"""Budget sweep: decode one prompt with DDTree at several tree budgets B, to read off the best B for a model
+and device (`python -m engine sweep`, and the dashboard's Profile page).
+
+Larger trees accept more tokens per step (tau grows) but cost more per verify; the row with the lowest
+ms_per_token wins. Speed follows profiling.metrics (generated tokens over prefill + step wall time).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from profiling.metrics import run_time_ns, tau, tokens_per_s
+
+from .checkpoint import Checkpoint
+from .config import MAX_BUDGET, DecodeConfig
+from .loading import load_model
+from .model import TargetModel
+from .session import load_target, make_decoder, oracle_continuation, parse_prompt
+
+DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def parse_budgets(text: str) -> list[int]:
+    """Budgets typed as "1, 2, 4" or "1 2 4": sorted, duplicates dropped, each in [0, MAX_BUDGET]."""
+    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+    if not parts:
+        raise ValueError(f"no budgets given: type integers in [0, {MAX_BUDGET}] separated by commas or spaces")
+    bad = [p for p in parts if not re.fullmatch(r"\d+", p) or int(p) > MAX_BUDGET]
+    if bad:
+        raise ValueError(f"budgets {bad[:5]} are not integers in [0, {MAX_BUDGET}]: type e.g. 1, 2, 4, 8")
+    return sorted({int(p) for p in parts})
+
+
+def budget_sweep(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, budgets: Sequence[int],
+                 noise: float = 0.0, drafter_seed: int = 0, on_progress: Callable[[int, int], None] | None = None,
+                 model: TargetModel | None = None) -> list[dict]:
+    """One DDTree decode of `prompt` per budget (cfg's budget is replaced), in increasing budget order.
+
+    Returns rows {budget, tau, ms_per_token, tokens_per_s, num_steps}. The oracle's continuation is computed
+    once, and one untimed decode at the first budget runs first so that one-time costs (lazy kernel and
+    allocator set-up) do not land on the smallest budget. on_progress(done, total) follows each budget."""
+    configs = [dataclasses.replace(cfg, budget=b) for b in budgets]  # DecodeConfig validates each budget
+    configs = sorted({c.budget: c for c in configs}.values(), key=lambda c: c.budget)
+    if not configs:
+        raise ValueError("no budgets to sweep: give at least one budget")
+    model = model or load_target(ckpt, cfg)
+    truth = oracle_continuation(ckpt, prompt, cfg, model)
+
+    def run(c: DecodeConfig):
+        return make_decoder(ckpt, prompt, c, "ddtree", noise, drafter_seed, model=model, continuation=truth).run()
+
+    run(configs[0])
+    rows = []
+    for i, c in enumerate(configs):
+        record = run(c)
+        tps = tokens_per_s(record)
+        rows.append({"budget": c.budget, "tau": tau(record),
+                     "ms_per_token": run_time_ns(record) / 1e6 / len(record.tokens),
+                     "tokens_per_s": tps, "num_steps": record.num_steps})
+        if on_progress is not None:
+            on_progress(i + 1, len(configs))
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A fixed-width table, the fastest budget marked."""
+    best = min(rows, key=lambda r: r["ms_per_token"])
+    lines = [f"{'budget':>6} {'tau':>6} {'ms/token':>9} {'tokens/s':>9} {'steps':>5}"]
+    lines += [f"{r['budget']:>6} {r['tau']:>6.2f} {r['ms_per_token']:>9.3f} {r['tokens_per_s']:>9.1f} "
+              f"{r['num_steps']:>5}{'  <- fastest' if r is best else ''}" for r in rows]
+    return "\n".join(lines)
+
+
+def _sweep_command(args: argparse.Namespace) -> int:
+    ckpt = load_model(args.model)
+    if args.prompt is not None:
+        prompt = parse_prompt(args.prompt, ckpt.config.vocab_size)
+    elif ckpt.prompt is not None:
+        prompt = ckpt.prompt.tolist()
+    else:
+        raise ValueError(f"{args.model} has no prompt of its own: pass --prompt with token ids")
+    cfg = DecodeConfig(block_size=args.block_size, max_new_tokens=args.max_new_tokens, device=args.device,
+                       dtype=args.dtype, seed=args.seed)
+    budgets = parse_budgets(args.budgets)
+    rows = budget_sweep(ckpt, prompt, cfg, budgets, noise=args.noise, drafter_seed=args.seed,
+                        on_progress=lambda done, total: print(f"\rbudget {done}/{total}", end="", flush=True))
+    print("\r", end="")
+    print(format_rows(rows))
+    if args.json is not None:
+        meta = {"model": str(args.model), "prompt": list(prompt), "decode": cfg.to_dict(), "noise": args.noise}
+        args.json.write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    defaults = DecodeConfig()
+    p = subparsers.add_parser("sweep", help="decode one prompt with DDTree at several budgets: tau and ms/token per B")
+    p.add_argument("--model", default="tests/refs/model_tiny.kdtr", help="a .kdtr file or a Hugging Face directory")
+    p.add_argument("--prompt", help="prompt token ids, comma or space separated (default: the checkpoint's prompt)")
+    p.add_argument("--budgets", default=", ".join(map(str, DEFAULT_BUDGETS)),
+                   help="tree budgets to try (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=defaults.block_size)
+    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    p.add_argument("--device", default=defaults.device, choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default=defaults.dtype, choices=["float32", "bfloat16"])
+    p.add_argument("--noise", type=float, default=0.0, help="the oracle drafter's noise in [0, 1] (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="the drafter's seed (default 0)")
+    p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    p.set_defaults(func=_sweep_command)

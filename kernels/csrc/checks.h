@@ -1,0 +1,132 @@
+// Argument checks shared by the CPU and CUDA bindings of the ddtree ops.
+//
+// These read only tensor metadata (dtype, shape, strides, device), never tensor values, so a CUDA
+// binding can call them without a host synchronisation. Checks on values (NaN, prefix_len + N <= S,
+// root_token >= 0, path order) live in the CPU kernels, where reading values is free.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <string_view>
+
+namespace ddtree {
+
+constexpr int64_t kMaxBudget = 1024;
+
+// "float32", "int64", ...: the names Python users know.
+inline std::string_view dtype_name(at::ScalarType dtype) { return c10::getDtypeNames(dtype).first; }
+
+inline void check_dtype(const at::Tensor& t, at::ScalarType dtype, const char* name) {
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype_name(dtype), ", got ", dtype_name(t.scalar_type()));
+}
+
+inline void check_shape(const at::Tensor& t, int64_t dim, const char* name, const char* layout) {
+  TORCH_CHECK(t.dim() == dim, name, " must be ", dim, "-dim ", layout, ", got shape ", t.sizes());
+}
+
+inline void check_contiguous(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous (call .contiguous() on it), got shape ", t.sizes(),
+              " with strides ", t.strides());
+}
+
+inline void check_index_scalar(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 0 && t.scalar_type() == at::kLong, name,
+              " must be a 0-dim int64 tensor (e.g. torch.tensor(5)), got ", dtype_name(t.scalar_type()), " of shape ",
+              t.sizes());
+}
+
+inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
+  TORCH_CHECK(t.device() == ref.device(), name, " is on ", t.device(), " but ", ref_name, " is on ", ref.device(),
+              "; move all arguments of the op to one device");
+}
+
+inline void check_tree_build_args(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
+  check_dtype(draft_logprobs, at::kFloat, "draft_logprobs");
+  check_shape(draft_logprobs, 2, "draft_logprobs", "[L, V]");
+  TORCH_CHECK(draft_logprobs.size(0) >= 1 && draft_logprobs.size(1) >= 1,
+              "draft_logprobs [L, V] needs L >= 1 and V >= 1, got shape ", draft_logprobs.sizes());
+  check_contiguous(draft_logprobs, "draft_logprobs");
+  check_index_scalar(root_token, "root_token");
+  check_same_device(root_token, draft_logprobs, "root_token", "draft_logprobs");
+  TORCH_CHECK(budget >= 0 && budget <= kMaxBudget, "budget must be in [0, ", kMaxBudget, "], got ", budget);
+}
+
+inline void check_verify_attn_args(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
+                                   const at::Tensor& kpe, const at::Tensor& prefix_len,
+                                   const at::Tensor& block_mask) {
+  TORCH_CHECK(q_lat.scalar_type() == at::kFloat || q_lat.scalar_type() == at::kBFloat16,
+              "q_lat must be float32 or bfloat16, got ", dtype_name(q_lat.scalar_type()));
+  check_dtype(q_pe, q_lat.scalar_type(), "q_pe (same dtype as q_lat)");
+  check_dtype(ckv, q_lat.scalar_type(), "ckv (same dtype as q_lat)");
+  check_dtype(kpe, q_lat.scalar_type(), "kpe (same dtype as q_lat)");
+  check_dtype(block_mask, at::kBool, "block_mask");
+  check_shape(q_lat, 3, "q_lat", "[N, H, R]");
+  check_shape(q_pe, 3, "q_pe", "[N, H, P]");
+  check_shape(ckv, 2, "ckv", "[S, R]");
+  check_shape(kpe, 2, "kpe", "[S, P]");
+  check_shape(block_mask, 2, "block_mask", "[N, N]");
+  const int64_t num_nodes = q_lat.size(0);
+  TORCH_CHECK(q_pe.size(0) == num_nodes && q_pe.size(1) == q_lat.size(1), "q_pe [N, H, P] must match q_lat [N, H, R] in N and H, got q_pe ",
+              q_pe.sizes(), " and q_lat ", q_lat.sizes());
+  TORCH_CHECK(ckv.size(1) == q_lat.size(2), "ckv [S, R] must have R = q_lat.size(2) = ", q_lat.size(2), ", got ckv ",
+              ckv.sizes());
+  TORCH_CHECK(kpe.size(1) == q_pe.size(2), "kpe [S, P] must have P = q_pe.size(2) = ", q_pe.size(2), ", got kpe ",
+              kpe.sizes());
+  TORCH_CHECK(kpe.size(0) == ckv.size(0), "kpe [S, P] and ckv [S, R] must have the same S, got kpe ", kpe.sizes(),
+              " and ckv ", ckv.sizes());
+  TORCH_CHECK(block_mask.size(0) == num_nodes && block_mask.size(1) == num_nodes,
+              "block_mask must be [N, N] with N = q_lat.size(0) = ", num_nodes, ", got ", block_mask.sizes());
+  TORCH_CHECK(num_nodes <= ckv.size(0), "the block of N = ", num_nodes, " nodes does not fit in the cache of S = ",
+              ckv.size(0), " rows (need prefix_len + N <= S)");
+  check_index_scalar(prefix_len, "prefix_len");
+  check_contiguous(q_lat, "q_lat");
+  check_contiguous(q_pe, "q_pe");
+  check_contiguous(ckv, "ckv");
+  check_contiguous(kpe, "kpe");
+  check_contiguous(block_mask, "block_mask");
+  check_same_device(q_pe, q_lat, "q_pe", "q_lat");
+  check_same_device(ckv, q_lat, "ckv", "q_lat");
+  check_same_device(kpe, q_lat, "kpe", "q_lat");
+  check_same_device(prefix_len, q_lat, "prefix_len", "q_lat");
+  check_same_device(block_mask, q_lat, "block_mask", "q_lat");
+}
+
+inline void check_tree_accept_args(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target,
+                                   int64_t max_depth) {
+  check_dtype(tokens, at::kLong, "tokens");
+  check_dtype(parents, at::kLong, "parents");
+  check_dtype(target, at::kLong, "target");
+  check_shape(tokens, 1, "tokens", "[N]");
+  TORCH_CHECK(tokens.size(0) >= 1, "tokens must hold at least the root node, got shape ", tokens.sizes());
+  TORCH_CHECK(parents.sizes() == tokens.sizes() && target.sizes() == tokens.sizes(),
+              "tokens, parents and target must all be [N], got ", tokens.sizes(), ", ", parents.sizes(), " and ",
+              target.sizes());
+  check_contiguous(tokens, "tokens");
+  check_contiguous(parents, "parents");
+  check_contiguous(target, "target");
+  check_same_device(parents, tokens, "parents", "tokens");
+  check_same_device(target, tokens, "target", "tokens");
+  TORCH_CHECK(max_depth >= 0, "max_depth must be >= 0 (the drafter's block length L), got ", max_depth);
+}
+
+inline void check_kv_compact_args(const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& prefix_len,
+                                  const at::Tensor& path) {
+  check_shape(ckv, 3, "ckv", "[num_layers, S, R]");
+  check_shape(kpe, 3, "kpe", "[num_layers, S, P]");
+  TORCH_CHECK(ckv.size(0) == kpe.size(0) && ckv.size(1) == kpe.size(1),
+              "ckv [num_layers, S, R] and kpe [num_layers, S, P] must agree in num_layers and S, got ", ckv.sizes(),
+              " and ", kpe.sizes());
+  check_contiguous(ckv, "ckv");
+  check_contiguous(kpe, "kpe");
+  check_index_scalar(prefix_len, "prefix_len");
+  check_dtype(path, at::kLong, "path");
+  check_shape(path, 1, "path", "[max_depth + 1]");
+  check_contiguous(path, "path");
+  check_same_device(kpe, ckv, "kpe", "ckv");
+  check_same_device(prefix_len, ckv, "prefix_len", "ckv");
+  check_same_device(path, ckv, "path", "ckv");
+}
+
+}  // namespace ddtree

@@ -1,0 +1,23 @@
+// CPU implementations of the ddtree ops; ops.cpp registers them under TORCH_LIBRARY_IMPL(ddtree, CPU, m).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace ddtree::cpu {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_build(
+    const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget);
+
+std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
+                                               const at::Tensor& kpe, const at::Tensor& prefix_len,
+                                               const at::Tensor& block_mask, double scale);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_accept(const at::Tensor& tokens, const at::Tensor& parents,
+                                                           const at::Tensor& target, int64_t max_depth);
+
+void kv_compact(const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& path);
+
+}  // namespace ddtree::cpu

@@ -1,0 +1,125 @@
+// Best-first draft tree construction on the CPU (contract: kernels/ops.py).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <queue>
+#include <vector>
+
+#include "../checks.h"
+#include "cpu_ops.h"
+
+namespace ddtree::cpu {
+namespace {
+
+// A node that may be popped next: the rank-th candidate of depth `depth` under node `parent`.
+struct Candidate {
+  float score;
+  int64_t depth;
+  int64_t rank;
+  int64_t parent;
+};
+
+// Heap order: higher score first, then lower depth, rank, parent. (depth, rank, parent) names a candidate
+// uniquely, so this is a total order and every backend pops the same sequence.
+struct PopsLater {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    if (a.score != b.score) return a.score < b.score;
+    if (a.depth != b.depth) return a.depth > b.depth;
+    if (a.rank != b.rank) return a.rank > b.rank;
+    return a.parent > b.parent;
+  }
+};
+
+void check_no_nan(const float* logprobs, int64_t num_rows, int64_t vocab) {
+  for (int64_t i = 0; i < num_rows * vocab; ++i) {
+    TORCH_CHECK(!std::isnan(logprobs[i]), "draft_logprobs has NaN at [", i / vocab, ", ", i % vocab,
+                "]; the drafter must return log-probabilities (finite or -inf)");
+  }
+}
+
+// The top `k` tokens of each row by (logprob descending, token ascending): tokens and logprobs, [L, K].
+void top_k_per_row(const float* logprobs, int64_t num_rows, int64_t vocab, int64_t k, std::vector<int64_t>& tokens,
+                   std::vector<float>& values) {
+  tokens.resize(num_rows * k);
+  values.resize(num_rows * k);
+  std::vector<int64_t> order(vocab);
+  for (int64_t d = 0; d < num_rows; ++d) {
+    const float* row = logprobs + d * vocab;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int64_t a, int64_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    for (int64_t r = 0; r < k; ++r) {
+      tokens[d * k + r] = order[r];
+      values[d * k + r] = row[order[r]];
+    }
+  }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_build(
+    const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
+  check_tree_build_args(draft_logprobs, root_token, budget);
+  const int64_t num_depths = draft_logprobs.size(0);
+  const int64_t vocab = draft_logprobs.size(1);
+  const float* logprobs = draft_logprobs.const_data_ptr<float>();
+  check_no_nan(logprobs, num_depths, vocab);
+  const int64_t root = *root_token.const_data_ptr<int64_t>();
+  TORCH_CHECK(root >= 0, "root_token must be a token id >= 0, got ", root);
+
+  const int64_t k = std::min(budget, vocab);
+  std::vector<int64_t> cand_tokens;  // [L, K]
+  std::vector<float> cand_logprobs;  // [L, K]
+  top_k_per_row(logprobs, num_depths, vocab, k, cand_tokens, cand_logprobs);
+
+  const int64_t num_nodes = budget + 1;
+  const auto long_opts = draft_logprobs.options().dtype(at::kLong);
+  at::Tensor tokens = at::empty({num_nodes}, long_opts);
+  at::Tensor parents = at::empty({num_nodes}, long_opts);
+  at::Tensor depths = at::empty({num_nodes}, long_opts);
+  at::Tensor ranks = at::empty({num_nodes}, long_opts);
+  at::Tensor scores = at::empty({num_nodes}, draft_logprobs.options());
+  at::Tensor visibility = at::zeros({num_nodes, num_nodes}, draft_logprobs.options().dtype(at::kBool));
+  int64_t* tok = tokens.mutable_data_ptr<int64_t>();
+  int64_t* par = parents.mutable_data_ptr<int64_t>();
+  int64_t* dep = depths.mutable_data_ptr<int64_t>();
+  int64_t* rnk = ranks.mutable_data_ptr<int64_t>();
+  float* score = scores.mutable_data_ptr<float>();
+  bool* vis = visibility.mutable_data_ptr<bool>();  // [B+1, B+1]
+
+  // Node 0 is the root; padding nodes look like it but score -inf and have no parent.
+  for (int64_t n = 0; n < num_nodes; ++n) {
+    tok[n] = root;
+    par[n] = -1;
+    dep[n] = 0;
+    rnk[n] = 0;
+    score[n] = n == 0 ? 0.0f : -std::numeric_limits<float>::infinity();
+    vis[n * num_nodes + n] = true;
+  }
+
+  std::priority_queue<Candidate, std::vector<Candidate>, PopsLater> heap;
+  if (k > 0) heap.push({cand_logprobs[0], 1, 0, 0});
+  for (int64_t n = 1; n < num_nodes && !heap.empty(); ++n) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const int64_t row = c.depth - 1;
+    tok[n] = cand_tokens[row * k + c.rank];
+    par[n] = c.parent;
+    dep[n] = c.depth;
+    rnk[n] = c.rank;
+    score[n] = c.score;
+    std::copy_n(vis + c.parent * num_nodes, n, vis + n * num_nodes);
+    if (c.rank + 1 < k) {
+      heap.push({score[c.parent] + cand_logprobs[row * k + c.rank + 1], c.depth, c.rank + 1, c.parent});
+    }
+    if (c.depth < num_depths) heap.push({c.score + cand_logprobs[c.depth * k], c.depth + 1, 0, n});
+  }
+  return {tokens, parents, depths, ranks, scores, visibility};
+}
+
+}  // namespace ddtree::cpu

@@ -1,0 +1,27 @@
+// The ddtree op library: each op's schema, written once, and its CPU implementation.
+// CUDA implementations register themselves in cuda/binding.cpp (TORCH_LIBRARY_IMPL(ddtree, CUDA, m)).
+// Contracts: kernels/ops.py.
+#include <torch/library.h>
+
+#include "cpu/cpu_ops.h"
+
+TORCH_LIBRARY(ddtree, m) {
+  m.set_python_module("kernels.ops");
+  m.def(
+      "tree_build(Tensor draft_logprobs, Tensor root_token, int budget) -> (Tensor tokens, Tensor parents, "
+      "Tensor depths, Tensor ranks, Tensor scores, Tensor visibility)");
+  m.def(
+      "verify_attn(Tensor q_lat, Tensor q_pe, Tensor ckv, Tensor kpe, Tensor prefix_len, Tensor block_mask, "
+      "float scale) -> (Tensor o_lat, Tensor lse)");
+  m.def(
+      "tree_accept(Tensor tokens, Tensor parents, Tensor target, int max_depth) -> (Tensor path, Tensor path_len, "
+      "Tensor bonus)");
+  m.def("kv_compact(Tensor(a!) ckv, Tensor(b!) kpe, Tensor prefix_len, Tensor path) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
+  m.impl("tree_build", &ddtree::cpu::tree_build);
+  m.impl("verify_attn", &ddtree::cpu::verify_attn);
+  m.impl("tree_accept", &ddtree::cpu::tree_accept);
+  m.impl("kv_compact", &ddtree::cpu::kv_compact);
+}

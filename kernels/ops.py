@@ -1,0 +1,108 @@
+"""Typed wrappers over torch.ops.ddtree.* and their fake (meta) kernels.
+
+Importing this module loads the op library (kernels.load()): the fake kernels need the schemas.
+
+Contracts (the one place in code where they are written; /work/notes/common.md has the long form).
+Index scalars (root_token, prefix_len, path_len, bonus) are 0-dim int64 tensors on the op's device.
+
+tree_build(draft_logprobs [L, V] f32, root_token, budget B in 0..1024)
+    -> tokens, parents, depths, ranks [B+1] i64, scores [B+1] f32, visibility [B+1, B+1] bool.
+  K = min(B, V) candidates per depth: the top K of row d-1 by (logprob desc, token asc), rank = index there.
+  Best-first from the root's first child; a max-heap on float32 cumulative score (parent + lp), ties to lower
+  depth, then rank, then parent index. Each pop adds a node and pushes its next sibling (rank+1 < K) and
+  first child (depth < L). Node 0 = root (parent -1, score 0); nodes after the heap empties are padding
+  (token root_token, parent -1, depth 0, rank 0, score -inf). visibility[i, j] iff j == i or j is an
+  ancestor of i. NaN in draft_logprobs is an error.
+verify_attn(q_lat [N, H, R], q_pe [N, H, P], ckv [S, R], kpe [S, P], prefix_len, block_mask [N, N] bool, scale)
+    -> o_lat [N, H, R] (input dtype), lse [N, H] f32.
+  Node i sees cache rows u < prefix_len and rows prefix_len + j where block_mask[i, j] (prefix_len + N <= S).
+  score = scale * (q_lat . ckv[u] + q_pe . kpe[u]); o_lat = softmax-weighted sum of ckv rows; lse = log of
+  the sum of exp(score). All inputs float32 or all bfloat16; float32 accumulation. A node that sees no row
+  gets o_lat = 0 and lse = -inf.
+tree_accept(tokens [N], parents [N], target [N] i64, max_depth) -> path [max_depth+1] i64, path_len, bonus.
+  From node 0, move to the child c with tokens[c] == target[current] while there is one; path lists the
+  visited nodes root first, padded with -1; bonus = target[last visited].
+kv_compact(ckv [num_layers, S, R], kpe [num_layers, S, P], prefix_len, path) -> None, in place.
+  For each i before the first -1 in path: row prefix_len + path[i] -> row prefix_len + i in every layer.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from kernels import load
+
+load()
+
+
+class BuiltTree(NamedTuple):
+    tokens: Tensor  # [B+1] int64
+    parents: Tensor  # [B+1] int64
+    depths: Tensor  # [B+1] int64
+    ranks: Tensor  # [B+1] int64
+    scores: Tensor  # [B+1] float32
+    visibility: Tensor  # [B+1, B+1] bool
+
+
+class Attention(NamedTuple):
+    o_lat: Tensor  # [N, H, R]
+    lse: Tensor  # [N, H] float32
+
+
+class Acceptance(NamedTuple):
+    path: Tensor  # [max_depth+1] int64, padded with -1
+    path_len: Tensor  # 0-dim int64
+    bonus: Tensor  # 0-dim int64
+
+
+def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int) -> BuiltTree:
+    """Best-first draft tree of budget+1 nodes (root first) from per-depth draft log-probabilities."""
+    return BuiltTree(*torch.ops.ddtree.tree_build(draft_logprobs, root_token, budget))
+
+
+def verify_attn(
+    q_lat: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor, prefix_len: Tensor, block_mask: Tensor, scale: float
+) -> Attention:
+    """Absorbed-MLA attention of N block nodes over the prefix and the block rows their mask allows."""
+    return Attention(*torch.ops.ddtree.verify_attn(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale))
+
+
+def tree_accept(tokens: Tensor, parents: Tensor, target: Tensor, max_depth: int) -> Acceptance:
+    """Greedy walk from the root along children whose token is the target's choice at their parent."""
+    return Acceptance(*torch.ops.ddtree.tree_accept(tokens, parents, target, max_depth))
+
+
+def kv_compact(ckv: Tensor, kpe: Tensor, prefix_len: Tensor, path: Tensor) -> None:
+    """Move the accepted path's cache rows to prefix_len, prefix_len+1, ... in every layer (in place)."""
+    torch.ops.ddtree.kv_compact(ckv, kpe, prefix_len, path)
+
+
+@torch.library.register_fake("ddtree::tree_build")
+def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int):
+    num_nodes = budget + 1
+    index = draft_logprobs.new_empty((num_nodes,), dtype=torch.int64)
+    return (
+        index,
+        torch.empty_like(index),
+        torch.empty_like(index),
+        torch.empty_like(index),
+        draft_logprobs.new_empty((num_nodes,)),
+        draft_logprobs.new_empty((num_nodes, num_nodes), dtype=torch.bool),
+    )
+
+
+@torch.library.register_fake("ddtree::verify_attn")
+def _verify_attn_fake(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale):
+    return torch.empty_like(q_lat), q_lat.new_empty(q_lat.shape[:2], dtype=torch.float32)
+
+
+@torch.library.register_fake("ddtree::tree_accept")
+def _tree_accept_fake(tokens: Tensor, parents: Tensor, target: Tensor, max_depth: int):
+    return tokens.new_empty((max_depth + 1,)), tokens.new_empty(()), tokens.new_empty(())
+
+
+@torch.library.register_fake("ddtree::kv_compact")
+def _kv_compact_fake(ckv, kpe, prefix_len, path):
+    return None

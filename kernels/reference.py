@@ -1,0 +1,101 @@
+"""Plain-torch references of the ddtree ops, written the simple way; for tests only.
+
+They follow the contracts in kernels/ops.py and share no code with the C++ or CUDA kernels.
+"""
+from __future__ import annotations
+
+import heapq
+
+import torch
+from torch import Tensor
+
+
+def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int) -> tuple[Tensor, ...]:
+    num_depths, vocab = draft_logprobs.shape
+    k = min(budget, vocab)
+    rows = draft_logprobs.tolist()
+    candidates = [sorted(range(vocab), key=lambda t, row=row: (-row[t], t))[:k] for row in rows]
+
+    def child_score(parent_score: Tensor, depth: int, rank: int) -> Tensor:  # float32, parent + lp
+        return parent_score + draft_logprobs[depth - 1, candidates[depth - 1][rank]]
+
+    root = int(root_token)
+    tokens, parents, depths, ranks = [root], [-1], [0], [0]
+    scores = [torch.tensor(0.0, dtype=torch.float32)]
+    heap: list[tuple[float, int, int, int, Tensor]] = []  # (-score, depth, rank, parent, score)
+    if k > 0:
+        first = child_score(scores[0], 1, 0)
+        heapq.heappush(heap, (-first.item(), 1, 0, 0, first))
+    while heap and len(tokens) < budget + 1:
+        _, depth, rank, parent, score = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(candidates[depth - 1][rank])
+        parents.append(parent)
+        depths.append(depth)
+        ranks.append(rank)
+        scores.append(score)
+        if rank + 1 < k:
+            sibling = child_score(scores[parent], depth, rank + 1)
+            heapq.heappush(heap, (-sibling.item(), depth, rank + 1, parent, sibling))
+        if depth < num_depths:
+            child = child_score(score, depth + 1, 0)
+            heapq.heappush(heap, (-child.item(), depth + 1, 0, node, child))
+    num_real = len(tokens)
+    num_padding = budget + 1 - num_real
+    tokens += [root] * num_padding
+    parents += [-1] * num_padding
+    depths += [0] * num_padding
+    ranks += [0] * num_padding
+    scores += [torch.tensor(float("-inf"))] * num_padding
+
+    visibility = torch.zeros(budget + 1, budget + 1, dtype=torch.bool)
+    for i in range(budget + 1):
+        j = i
+        while j != -1:
+            visibility[i, j] = True
+            j = parents[j]
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64)
+    return as_long(tokens), as_long(parents), as_long(depths), as_long(ranks), torch.stack(scores), visibility
+
+
+def verify_attn(
+    q_lat: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor, prefix_len: Tensor, block_mask: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
+    """Dense float64 scores over all S rows, masked, softmaxed."""
+    num_nodes = q_lat.shape[0]
+    prefix = int(prefix_len)
+    cache_rows = ckv.shape[0]
+    scores = scale * (
+        torch.einsum("nhr,sr->nhs", q_lat.double(), ckv.double()) + torch.einsum("nhp,sp->nhs", q_pe.double(), kpe.double())
+    )  # [N, H, S]
+    visible = torch.zeros(num_nodes, cache_rows, dtype=torch.bool)
+    visible[:, :prefix] = True
+    visible[:, prefix : prefix + num_nodes] = block_mask
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [N, H]; -inf where nothing is visible
+    probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    o_lat = torch.einsum("nhs,sr->nhr", probs, ckv.double())
+    return o_lat.to(q_lat.dtype), lse.float()
+
+
+def tree_accept(tokens: Tensor, parents: Tensor, target: Tensor, max_depth: int) -> tuple[Tensor, Tensor, Tensor]:
+    tokens_l, parents_l, target_l = tokens.tolist(), parents.tolist(), target.tolist()
+    visited = [0]
+    while True:
+        current = visited[-1]
+        children = [c for c in range(len(tokens_l)) if parents_l[c] == current and tokens_l[c] == target_l[current]]
+        if not children:
+            break
+        visited.append(children[0])
+    path = torch.full((max_depth + 1,), -1, dtype=torch.int64)
+    path[: len(visited)] = torch.tensor(visited)
+    return path, torch.tensor(len(visited)), torch.tensor(target_l[visited[-1]])
+
+
+def kv_compact(ckv: Tensor, kpe: Tensor, prefix_len: Tensor, path: Tensor) -> None:
+    prefix = int(prefix_len)
+    for i, node in enumerate(path.tolist()):
+        if node == -1:
+            break
+        ckv[:, prefix + i] = ckv[:, prefix + node].clone()
+        kpe[:, prefix + i] = kpe[:, prefix + node].clone()

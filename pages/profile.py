@@ -1,0 +1,53 @@
+"""Profile: where a step's time goes, AR vs DDTree speed, acceptance, and the best budget for this model."""
+import streamlit as st
+
+from engine.sweep import DEFAULT_BUDGETS, parse_budgets
+from profiling.metrics import kernel_table, summarize
+from ui import charts, state, views
+
+st.title("Profile")
+if st.button("Re-run AR + DDTree", icon=":material/refresh:", help="Decode again and re-measure."):
+    state.forget_pair()
+ar, dd = state.pair()
+summary = summarize(ar, dd)
+c1, c2, c3, c4 = st.columns(4)
+c1.metric("AR tokens/s", views.number(summary["ar_tokens_per_s"], ".1f"))
+c2.metric("DDTree tokens/s", views.number(summary["ddtree_tokens_per_s"], ".1f"))
+c3.metric("Speedup", views.number(summary["speedup"], ".2f", "x"))
+c4.metric("tau (tokens per DDTree step)", views.number(summary["tau"], ".2f"))
+
+st.subheader("Per-kernel timings")
+mode = st.radio("Run", ["DDTree", "AR"], key="profile_run", horizontal=True)
+run = dd if mode == "DDTree" else ar
+table = [{"range": "\u2003" * r["depth"] + r["name"].removeprefix("step/"), **{k: r[k] for k in (
+    "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "share")}} for r in kernel_table(run)]
+st.dataframe(table, hide_index=True, width="stretch",
+             column_config={**{k: st.column_config.NumberColumn(format="%.3f") for k in (
+                 "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms")},
+                 "share": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")})
+st.plotly_chart(charts.kernel_bars(run), width="stretch")
+index = st.selectbox("Timeline of step", range(run.num_steps), key="timeline_step")
+st.plotly_chart(charts.step_timeline(run.steps[index]), width="stretch")
+
+st.subheader("Acceptance (DDTree)")
+st.plotly_chart(charts.acceptance(summary), width="stretch")
+
+st.subheader("Budget sweep")
+st.caption("The same prompt decoded with DDTree at each budget B; the fastest B per generated token is starred. "
+           "CLI: `python -m engine sweep`.")
+text = st.text_input("Budgets", ", ".join(map(str, DEFAULT_BUDGETS)), key="sweep_budgets")
+if st.button("Run sweep", icon=":material/tune:"):
+    try:
+        budgets = parse_budgets(text)
+    except ValueError as exc:
+        st.error(str(exc))
+    else:
+        bar = st.progress(0.0, text="Sweeping...")
+        state.sweep(budgets, lambda done, total: bar.progress(done / total, text=f"Budget {done}/{total}"))
+        bar.empty()
+rows = st.session_state.sweep
+if rows:
+    best = min(rows, key=lambda r: r["ms_per_token"])
+    st.markdown(f"Fastest: **B = {best['budget']}**, {best['ms_per_token']:.3f} ms per token, tau {best['tau']:.2f}.")
+    st.dataframe(rows, hide_index=True, width="stretch")
+    st.plotly_chart(charts.sweep(rows), width="stretch")

@@ -1,0 +1,1 @@
+"""Timers, NVTX ranges, torch.profiler capture and the report exporters."""

@@ -1,0 +1,87 @@
+"""Plotly charts of a whole decode: per-step timeline, stage breakdown, acceptance. Used by report.html and
+the dashboard's profile page."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from engine.records import RunRecord
+
+from .spans import PREFILL, run_spans
+from .timers import stage_category
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
+
+
+def _color(category: str, order: list[str]) -> str:
+    if category not in order:
+        order.append(category)
+    return PALETTE[order.index(category) % len(PALETTE)]
+
+
+def timeline_figure(run: RunRecord) -> go.Figure:
+    """Every timed range as a horizontal bar at its start (base) on the run's timeline, one row per nesting
+    depth, coloured by stage."""
+    spans = run_spans(run)
+    by_category: dict[str, list] = {}
+    for s in spans:
+        by_category.setdefault(PREFILL if s.step is None else stage_category(s.name), []).append(s)
+    order: list[str] = []
+    fig = go.Figure()
+    for category, group in by_category.items():
+        fig.add_trace(go.Bar(
+            orientation="h", name=category, marker_color=_color(category, order),
+            base=[s.start_ns / 1e6 for s in group], x=[s.dur_ns / 1e6 for s in group],
+            y=[f"depth {s.depth}" for s in group],
+            customdata=[[s.name, "prefill" if s.step is None else s.step, s.start_ns / 1e6] for s in group],
+            hovertemplate="%{customdata[0]}<br>step %{customdata[1]}<br>start %{customdata[2]:.3f} ms, "
+                          "%{x:.3f} ms<extra></extra>"))
+    depths = sorted({s.depth for s in spans})
+    fig.update_layout(barmode="overlay", title=f"{run.mode} timeline ({run.num_steps} steps after the prefill)",
+                      xaxis={"title": "ms since the prefill started"},
+                      yaxis={"categoryorder": "array", "categoryarray": [f"depth {d}" for d in reversed(depths)]},
+                      height=160 + 40 * len(depths), margin={"l": 70, "r": 20, "t": 50, "b": 40})
+    return fig
+
+
+def stage_figure(rows: list[dict], depth: int = 1) -> go.Figure:
+    """Mean ms per step of each range at `depth` (1: the stages), AR next to DDTree (kernel_table rows)."""
+    fig = go.Figure()
+    for mode in ("ar", "ddtree"):
+        picked = [r for r in rows if r["mode"] == mode and r["depth"] == depth]
+        fig.add_trace(go.Bar(name=mode, x=[r["name"] for r in picked], y=[r["mean_ms"] for r in picked],
+                             customdata=[[r["share"] or 0.0] for r in picked],
+                             hovertemplate="%{x}: %{y:.3f} ms/step, %{customdata[0]:.1%} of the step<extra></extra>"))
+    fig.update_layout(barmode="group", title="mean time per step by stage", yaxis={"title": "ms per step"},
+                      height=380, margin={"l": 60, "r": 20, "t": 50, "b": 80})
+    return fig
+
+
+def acceptance_figure(summary: dict) -> go.Figure:
+    """Steps per number of accepted drafted tokens."""
+    hist = summary["acceptance_histogram"]
+    fig = go.Figure(go.Bar(x=list(range(len(hist))), y=hist, marker_color="#2ca02c",
+                           hovertemplate="%{y} steps accepted %{x} drafted tokens<extra></extra>"))
+    fig.update_layout(title=f"acceptance length histogram (tau = {summary['tau']:.2f} tokens/step incl. bonus)"
+                      if summary["tau"] is not None else "acceptance length histogram",
+                      xaxis={"title": "drafted tokens accepted in a step", "dtick": 1}, yaxis={"title": "steps"},
+                      height=340, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+    return fig
+
+
+def position_figure(summary: dict) -> go.Figure:
+    """Fraction of steps whose accepted path reached each depth."""
+    rates = summary["per_position_acceptance"]
+    fig = go.Figure(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color="#1f77b4",
+                           hovertemplate="depth %{x}: %{y:.1%} of steps<extra></extra>"))
+    fig.update_layout(title="per-position acceptance", xaxis={"title": "depth", "dtick": 1},
+                      yaxis={"title": "fraction of steps", "range": [0, 1], "tickformat": ".0%"},
+                      height=340, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+    return fig
+
+
+def figure_div(fig: go.Figure, include_plotlyjs: bool) -> str:
+    """An HTML fragment of the figure; include_plotlyjs inlines plotly.js itself (once per page)."""
+    return pio.to_html(fig, include_plotlyjs=include_plotlyjs, full_html=False,
+                       config={"displaylogo": False, "responsive": True})

@@ -1,0 +1,39 @@
+"""Where a report was produced: library versions, device and source revision."""
+from __future__ import annotations
+
+import pathlib
+import platform
+import subprocess
+
+import torch
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def git_commit(root: pathlib.Path = REPO_ROOT) -> str | None:
+    """`git rev-parse HEAD` of the source tree (None outside a repository or before the first commit)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def device_name(device: str) -> str:
+    """The GPU's name for a CUDA run, else the host CPU's."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def environment(device: str) -> dict:
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,  # None for a CPU-only build of torch
+        "cuda_available": torch.cuda.is_available(),
+        "device": device,
+        "device_name": device_name(device),
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }

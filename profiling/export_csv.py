@@ -1,0 +1,50 @@
+"""steps.csv (one row per step of both runs) and kernels.csv (one row per timed range per run).
+
+The columns are fixed (STEP_COLUMNS, KERNEL_COLUMNS); a value that does not apply is an empty cell.
+"""
+from __future__ import annotations
+
+import csv
+import io
+
+from engine.records import RunRecord, StepRecord
+
+from .capture_data import Capture
+from .metrics import STEP, kernel_table, stage_ns
+
+STAGES = ("draft", "tree_build", "verify", "tree_accept", "kv_compact", "commit")
+STEP_COLUMNS = ("mode", "step", "prefix_len", "num_nodes", "num_drafted", "num_accepted", "num_committed",
+                "committed", "bonus", "wall_ms", "step_ms", *(f"{s}_ms" for s in STAGES), "other_ms")
+KERNEL_COLUMNS = ("mode", "name", "parent", "depth", "leaf", "count", "total_ms", "mean_ms", "p50_ms", "p95_ms",
+                  "self_ms", "share", "profiler_cpu_ms", "device_ms")
+
+
+def _table(columns: tuple[str, ...], rows: list[dict]) -> bytes:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row[k] is None else row[k] for k in columns})
+    return out.getvalue().encode()
+
+
+def step_row(step: StepRecord) -> dict:
+    stages = stage_ns(step)
+    step_ns = step.timings_ns.get(STEP)
+    known = [stages[s] for s in STAGES if s in stages]
+    return {
+        "mode": step.mode, "step": step.index, "prefix_len": step.prefix_len, "num_nodes": step.tree.num_nodes,
+        "num_drafted": sum(p >= 0 for p in step.tree.parents), "num_accepted": step.num_accepted,
+        "num_committed": step.num_committed, "committed": " ".join(map(str, step.committed)), "bonus": step.bonus,
+        "wall_ms": step.wall_ns / 1e6, "step_ms": step_ns / 1e6 if step_ns is not None else None,
+        **{f"{s}_ms": stages[s] / 1e6 if s in stages else None for s in STAGES},
+        "other_ms": (step_ns - sum(known)) / 1e6 if step_ns is not None else None,
+    }
+
+
+def render_steps(ar: RunRecord, dd: RunRecord) -> bytes:
+    return _table(STEP_COLUMNS, [step_row(s) for s in (*ar.steps, *dd.steps)])
+
+
+def render_kernels(ar: RunRecord, dd: RunRecord, capture: Capture | None = None) -> bytes:
+    return _table(KERNEL_COLUMNS, kernel_table(ar, capture) + kernel_table(dd, capture))

@@ -1,0 +1,116 @@
+"""Plotly figures of one step: the drafted tree (node-link) and its visibility mask. The report and the
+dashboard both draw steps with these.
+
+Tree layout: x = depth; leaves take consecutive rows in depth-first order (siblings by draft rank), and
+each parent sits at the mean row of its children, so every subtree occupies a contiguous band of rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from engine.records import StepRecord, TreeRecord
+
+COLORS = {"root": "#4c4c4c", "accepted": "#2ca02c", "rejected": "#d62728", "bonus": "#ffbf00"}
+MAX_LABELLED_NODES = 64  # above this, token ids only in the hover text
+
+
+def real_nodes(tree: TreeRecord) -> list[int]:
+    """The root and every drafted node (padding nodes have parent -1 and are left out)."""
+    return [0] + [i for i in range(1, tree.num_nodes) if tree.parents[i] >= 0]
+
+
+def tree_layout(tree: TreeRecord) -> dict[int, tuple[float, float]]:
+    """Node -> (x, y) for the root and every drafted node."""
+    children: dict[int, list[int]] = {i: [] for i in real_nodes(tree)}
+    for i in real_nodes(tree)[1:]:
+        children[tree.parents[i]].append(i)
+    for kids in children.values():
+        kids.sort(key=lambda c: (tree.ranks[c], c))
+    rows: dict[int, float] = {}
+    next_row = 0
+    order, stack = [], [(0, False)]
+    while stack:  # iterative post-order: a node's row is known once its children have theirs
+        node, expanded = stack.pop()
+        if expanded or not children[node]:
+            if children[node]:
+                rows[node] = float(np.mean([rows[c] for c in children[node]]))
+            else:
+                rows[node] = float(next_row)
+                next_row += 1
+            order.append(node)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(children[node]))
+    return {n: (float(tree.depths[n]), rows[n]) for n in order}
+
+
+def node_kind(step: StepRecord, node: int) -> str:
+    if node == 0:
+        return "root"
+    return "accepted" if node in step.path else "rejected"
+
+
+def _hover(step: StepRecord, node: int) -> str:
+    t = step.tree
+    return (f"node {node} ({node_kind(step, node)})<br>token {t.tokens[node]}<br>depth {t.depths[node]}, "
+            f"rank {t.ranks[node]}<br>cum. log-prob {t.scores[node]:.3f}<br>target argmax {step.target[node]}")
+
+
+def tree_figure(step: StepRecord) -> go.Figure:
+    """Node-link figure of the step's drafted tree: accepted path in green, the bonus token in gold."""
+    tree = step.tree
+    pos = tree_layout(tree)
+    accepted_edges = set(zip(step.path[:-1], step.path[1:], strict=True))
+    edge_xy: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
+    for node in pos:
+        if node == 0:
+            continue
+        parent = tree.parents[node]
+        xs, ys = edge_xy[(parent, node) in accepted_edges]
+        xs += [pos[parent][0], pos[node][0], None]
+        ys += [pos[parent][1], pos[node][1], None]
+    fig = go.Figure()
+    for on_path, (xs, ys) in edge_xy.items():
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                                 line={"color": COLORS["accepted"] if on_path else "#b0b0b0",
+                                       "width": 3 if on_path else 1}))
+    last = step.path[-1]
+    bonus_xy = (pos[last][0] + 1, pos[last][1])
+    fig.add_trace(go.Scatter(x=[pos[last][0], bonus_xy[0]], y=[pos[last][1], bonus_xy[1]], mode="lines",
+                             hoverinfo="skip", showlegend=False, line={"color": COLORS["bonus"], "dash": "dot"}))
+    labelled = len(pos) <= MAX_LABELLED_NODES
+    for kind in ("root", "accepted", "rejected"):
+        nodes = [n for n in pos if node_kind(step, n) == kind]
+        fig.add_trace(go.Scatter(
+            x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], name=kind,
+            mode="markers+text" if labelled else "markers", text=[str(tree.tokens[n]) for n in nodes],
+            textposition="top center", hovertext=[_hover(step, n) for n in nodes], hoverinfo="text",
+            marker={"color": COLORS[kind], "size": 12 if labelled else 7, "line": {"width": 1, "color": "white"}}))
+    fig.add_trace(go.Scatter(x=[bonus_xy[0]], y=[bonus_xy[1]], name="bonus", mode="markers+text",
+                             text=[str(step.bonus)], textposition="top center",
+                             hovertext=[f"bonus token {step.bonus}<br>target argmax at node {last}"],
+                             hoverinfo="text", marker={"color": COLORS["bonus"], "size": 12, "symbol": "star"}))
+    fig.update_layout(title=f"{step.mode} step {step.index}: {len(pos)} nodes, {step.num_accepted} accepted "
+                            f"+ bonus", xaxis={"title": "depth", "dtick": 1}, yaxis={"visible": False},
+                      height=max(300, min(1200, 18 * (max(y for _, y in pos.values()) + 2))),
+                      margin={"l": 20, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})
+    return fig
+
+
+def mask_figure(step: StepRecord) -> go.Figure:
+    """The (B+1) x (B+1) visibility mask the step was verified with; cells between accepted nodes stand out."""
+    vis = np.asarray(step.tree.visibility, dtype=bool)  # [N, N]
+    on_path = np.zeros(len(vis), dtype=bool)
+    on_path[step.path] = True
+    z = vis.astype(np.int8) + (vis & on_path[:, None] & on_path[None, :])
+    fig = go.Figure(go.Heatmap(
+        z=z, zmin=0, zmax=2, showscale=False,
+        colorscale=[[0, "#f4f4f4"], [0.5, "#6b8fd6"], [1.0, COLORS["accepted"]]],
+        hovertemplate="query node %{y}, key node %{x}: %{z}<extra></extra>"))
+    fig.update_layout(title=f"{step.mode} step {step.index}: visibility mask (0 hidden, 1 visible, 2 both nodes "
+                            "accepted)", height=520,
+                      xaxis={"title": "key node", "side": "top"},
+                      yaxis={"title": "query node", "autorange": "reversed"},
+                      margin={"l": 40, "r": 20, "t": 80, "b": 20})
+    return fig

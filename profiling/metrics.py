@@ -1,0 +1,214 @@
+"""Speculative-decoding metrics from run records: the one definition the reports, the CLI and the dashboard use.
+
+Definitions (L = block_size - 1 drafted positions per step):
+- tau: mean tokens committed per DDTree step, the bonus token included (1 <= tau <= L + 1).
+- per_position_acceptance[d], d = 0..L-1: fraction of steps whose accepted path reached depth d + 1.
+- acceptance_histogram[k], k = 0..L: number of steps that accepted exactly k drafted tokens.
+- tokens/s: generated tokens (after truncation to max_new_tokens, the prefill's token included) divided by
+  the host wall time of the prefill plus every step (StepRecord.wall_ns, which includes reading the step's
+  record back to the host).
+- speedup: DDTree tokens/s over AR tokens/s.
+- kernel rows: one per full range name; share = total time of that range / total time of the "step" range,
+  for leaf and inner ranges alike (so shares of nested rows add up within their parent, not across levels).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.records import RunRecord, StepRecord
+
+from .capture_data import Capture
+
+STEP = "step"
+
+
+def num_draft_positions(run: RunRecord) -> int:
+    """L: drafted positions per step (block_size - 1)."""
+    return int(run.decode["block_size"]) - 1
+
+
+def run_time_ns(run: RunRecord) -> int:
+    """Host wall time of the prefill plus every step."""
+    return run.prefill_ns + sum(s.wall_ns for s in run.steps)
+
+
+def tokens_per_s(run: RunRecord) -> float | None:
+    """Generated tokens per second of host wall time (None when no time was recorded)."""
+    ns = run_time_ns(run)
+    return len(run.tokens) / (ns * 1e-9) if ns > 0 else None
+
+
+def tau(run: RunRecord) -> float | None:
+    """Mean tokens committed per step, bonus included (None for a run without steps)."""
+    return sum(s.num_committed for s in run.steps) / len(run.steps) if run.steps else None
+
+
+def acceptance_histogram(run: RunRecord) -> list[int]:
+    """[L + 1] counts: entry k is the number of steps that accepted k drafted tokens."""
+    counts = [0] * (num_draft_positions(run) + 1)
+    for step in run.steps:
+        counts[step.num_accepted] += 1
+    return counts
+
+
+def per_position_acceptance(run: RunRecord) -> list[float]:
+    """[L] rates: entry d is the fraction of steps whose accepted path reached depth d + 1."""
+    depth = num_draft_positions(run)
+    if not run.steps:
+        return [0.0] * depth
+    return [sum(s.num_accepted > d for s in run.steps) / len(run.steps) for d in range(depth)]
+
+
+def top2_gap(logits: np.ndarray) -> float:
+    """Top-1 minus top-2 of one row of logits (0 for a vocabulary of one)."""
+    if logits.shape[-1] < 2:
+        return 0.0
+    top = np.partition(logits, -2)[-2:]
+    return float(top[1] - top[0])
+
+
+def committing_step(run: RunRecord, position: int) -> int | None:
+    """Index of the step that committed generated token `position` (None: the prefill's token)."""
+    start = 1
+    for step in run.steps:
+        if start <= position < start + step.num_committed:
+            return step.index
+        start += step.num_committed
+    return None
+
+
+def first_divergence(ar: RunRecord, dd: RunRecord) -> dict | None:
+    """Where the DDTree tokens first differ from the AR tokens (None when identical).
+
+    logit_gap is top-1 minus top-2 of the AR logits at that position: a gap near 0 means the AR choice was
+    a near tie, so a numerical difference can flip it; ddtree_token_gap is how far below the AR top-1 the
+    DDTree token scored there."""
+    a, d = ar.tokens, dd.tokens
+    n = min(len(a), len(d))
+    position = next((i for i in range(n) if a[i] != d[i]), n)
+    if position == n and len(a) == len(d):
+        return None
+    ar_token = a[position] if position < len(a) else None
+    dd_token = d[position] if position < len(d) else None
+    logit_gap = dd_gap = None
+    if ar.logits is not None and position < len(ar.logits):
+        row = np.asarray(ar.logits[position], dtype=np.float64)
+        logit_gap = top2_gap(row)
+        if dd_token is not None:
+            dd_gap = float(row.max() - row[dd_token])
+    return {"position": position, "ar_token": ar_token, "ddtree_token": dd_token, "logit_gap": logit_gap,
+            "ddtree_token_gap": dd_gap, "ddtree_step": committing_step(dd, position)}
+
+
+def check_pair(ar: RunRecord, dd: RunRecord) -> None:
+    """An AR run and a DDTree run of the same model, prompt and decode config, or a clear error."""
+    if ar.mode != "ar" or dd.mode != "ddtree":
+        raise ValueError(f"expected an AR run then a DDTree run, got modes {ar.mode!r} and {dd.mode!r}")
+    for what, x, y in (("prompt", ar.prompt, dd.prompt), ("model config", ar.model, dd.model),
+                       ("decode config", ar.decode, dd.decode)):
+        if x != y:
+            raise ValueError(f"the AR and DDTree runs differ in their {what}: compare runs of one decode_pair")
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return x / y if x is not None and y else None
+
+
+def summarize(ar: RunRecord, dd: RunRecord) -> dict:
+    """The report's summary: correctness, acceptance and speed of DDTree against AR."""
+    check_pair(ar, dd)
+    ar_tps, dd_tps = tokens_per_s(ar), tokens_per_s(dd)
+    return {
+        "greedy_exact": dd.tokens == ar.tokens,
+        "ar_tokens": list(ar.tokens),
+        "ddtree_tokens": list(dd.tokens),
+        "num_generated": len(dd.tokens),
+        "num_steps": dd.num_steps,
+        "ar_num_steps": ar.num_steps,
+        "block_size": int(dd.decode["block_size"]),
+        "budget": int(dd.decode["budget"]),
+        "tau": tau(dd),
+        "per_position_acceptance": per_position_acceptance(dd),
+        "acceptance_histogram": acceptance_histogram(dd),
+        "ar_time_ms": run_time_ns(ar) / 1e6,
+        "ddtree_time_ms": run_time_ns(dd) / 1e6,
+        "ar_prefill_ms": ar.prefill_ns / 1e6,
+        "ddtree_prefill_ms": dd.prefill_ns / 1e6,
+        "ar_tokens_per_s": ar_tps,
+        "ddtree_tokens_per_s": dd_tps,
+        "speedup": _ratio(dd_tps, ar_tps),
+        "first_divergence": first_divergence(ar, dd),
+    }
+
+
+def range_parents(names: list[str]) -> dict[str, str | None]:
+    """Each range's parent: the longest proper "/"-prefix that is itself a range ("step/verify/layer0/attn"
+    -> "step/verify": "layer0" is a naming level, not a range)."""
+    known = set(names)
+    parents: dict[str, str | None] = {}
+    for name in names:
+        parts = name.split("/")
+        parents[name] = next(("/".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)
+                              if "/".join(parts[:k]) in known), None)
+    return parents
+
+
+def tree_order(names: list[str]) -> list[str]:
+    """Names depth-first, a parent before its children, siblings in the order given."""
+    parents = range_parents(names)
+    children: dict[str | None, list[str]] = {}
+    for name in names:
+        children.setdefault(parents[name], []).append(name)
+    out: list[str] = []
+    stack = list(reversed(children.get(None, [])))
+    while stack:
+        name = stack.pop()
+        out.append(name)
+        stack.extend(reversed(children.get(name, [])))
+    return out
+
+
+def range_names(steps: list[StepRecord]) -> list[str]:
+    """Every range name of the steps in tree order (siblings in the order they first completed, which for
+    sequential siblings is the order they ran)."""
+    seen: dict[str, None] = {}
+    for step in steps:
+        seen.update(dict.fromkeys(step.timings_ns))
+    return tree_order(list(seen))
+
+
+def kernel_table(run: RunRecord, capture: Capture | None = None) -> list[dict]:
+    """One row per range name, in tree order: name, parent, depth, count (steps it ran in), total/mean/
+    p50/p95 ms per step, self_ms (total minus its child ranges' totals), share of the total step time, and
+    the profiler's host and device time of the same range when `capture` has them (else None)."""
+    captured = capture.runs[run.mode].range_times() if capture is not None else {}
+    on_device = capture is not None and "cuda" in capture.activities
+    names = range_names(run.steps)
+    parents = range_parents(names)
+    step_total = sum(s.timings_ns.get(STEP, 0) for s in run.steps)
+    totals = {n: sum(s.timings_ns.get(n, 0) for s in run.steps) for n in names}
+    depth: dict[str, int] = {}
+    rows = []
+    for name in names:
+        parent = parents[name]
+        depth[name] = 0 if parent is None else depth[parent] + 1
+        values = np.array([s.timings_ns[name] for s in run.steps if name in s.timings_ns], dtype=np.float64) / 1e6
+        child_total = sum(totals[c] for c in names if parents[c] == name)
+        rows.append({
+            "mode": run.mode, "name": name, "parent": parent, "depth": depth[name],
+            "leaf": not any(parents[c] == name for c in names), "count": len(values),
+            "total_ms": totals[name] / 1e6, "mean_ms": float(values.mean()),
+            "p50_ms": float(np.percentile(values, 50)), "p95_ms": float(np.percentile(values, 95)),
+            "self_ms": (totals[name] - child_total) / 1e6,
+            "share": totals[name] / step_total if step_total else None,
+            "profiler_cpu_ms": captured[name].cpu_ms if name in captured else None,
+            "device_ms": captured[name].device_ms if on_device and name in captured else None,
+        })
+    return rows
+
+
+def stage_ns(step: StepRecord) -> dict[str, int]:
+    """The step's top-level stages (direct children of "step") -> ns, in the order they ran."""
+    parents = range_parents(list(step.timings_ns))
+    return {n.removeprefix(STEP + "/"): ns for n, ns in step.timings_ns.items() if parents[n] == STEP}
+

@@ -1,0 +1,93 @@
+"""JSON Schema (draft 2020-12) of report.json. Bump SCHEMA_VERSION on any change a reader would notice."""
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_OPT_NUM = {"type": ["number", "null"]}
+_OPT_INT = {"type": ["integer", "null"]}
+_INTS = {"type": "array", "items": _INT}
+_NUMS = {"type": "array", "items": _NUM}
+_MODE = {"enum": ["ar", "ddtree"]}
+
+
+def _object(properties: dict, required: list[str] | None = None, extra: bool = False) -> dict:
+    return {"type": "object", "properties": properties, "required": required or list(properties),
+            "additionalProperties": extra}
+
+
+TREE = _object({
+    "tokens": _INTS, "parents": _INTS, "depths": _INTS, "ranks": _INTS,
+    "scores": {"type": "array", "items": _OPT_NUM, "description": "cumulative draft log-prob; null: padding (-inf)"},
+    "visible": {"type": "array", "items": _INTS, "description": "row i: the nodes node i sees (itself, ancestors)"},
+})
+
+STEP = _object({
+    "mode": _MODE, "index": _INT, "prefix_len": _INT, "tree": TREE, "target": _INTS, "logit_gap": _NUMS,
+    "path": _INTS, "bonus": _INT, "committed": _INTS, "num_accepted": _INT, "num_committed": _INT,
+    "wall_ns": _INT,
+    "timings_ns": {"type": "object", "additionalProperties": _INT},
+    "spans": {"type": ["array", "null"], "description": "[name, start_ns from the step start, dur_ns]; null: "
+              "the record has per-name totals only",
+              "items": {"type": "array", "prefixItems": [{"type": "string"}, _INT, _INT], "minItems": 3,
+                        "maxItems": 3}},
+})
+
+KERNEL_ROW = _object({
+    "mode": _MODE, "name": {"type": "string"}, "parent": {"type": ["string", "null"]}, "depth": _INT,
+    "leaf": {"type": "boolean"}, "count": _INT, "total_ms": _NUM, "mean_ms": _NUM, "p50_ms": _NUM, "p95_ms": _NUM,
+    "self_ms": _NUM, "share": _OPT_NUM, "profiler_cpu_ms": _OPT_NUM, "device_ms": _OPT_NUM,
+})
+
+DIVERGENCE = _object({
+    "position": _INT, "ar_token": _OPT_INT, "ddtree_token": _OPT_INT, "logit_gap": _OPT_NUM,
+    "ddtree_token_gap": _OPT_NUM, "ddtree_step": _OPT_INT,
+})
+
+SUMMARY = _object({
+    "greedy_exact": {"type": "boolean"}, "ar_tokens": _INTS, "ddtree_tokens": _INTS, "num_generated": _INT,
+    "num_steps": _INT, "ar_num_steps": _INT, "block_size": _INT, "budget": _INT, "tau": _OPT_NUM,
+    "per_position_acceptance": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}},
+    "acceptance_histogram": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "ar_time_ms": _NUM, "ddtree_time_ms": _NUM, "ar_prefill_ms": _NUM, "ddtree_prefill_ms": _NUM,
+    "ar_tokens_per_s": _OPT_NUM, "ddtree_tokens_per_s": _OPT_NUM, "speedup": _OPT_NUM,
+    "first_divergence": {"oneOf": [{"type": "null"}, DIVERGENCE]},
+})
+
+ENVIRONMENT = _object({
+    "torch": {"type": "string"}, "cuda": {"type": ["string", "null"]}, "cuda_available": {"type": "boolean"},
+    "device": {"type": "string"}, "device_name": {"type": "string"}, "git_commit": {"type": ["string", "null"]},
+    "python": {"type": "string"}, "platform": {"type": "string"},
+})
+
+RUN = _object({
+    "mode": _MODE, "first_token": _INT, "prefill_ns": _INT, "wall_ns": _INT, "num_steps": _INT, "tokens": _INTS,
+})
+
+CAPTURE_RANGE = _object({"name": {"type": "string"}, "count": _INT, "cpu_ms": _NUM, "device_ms": _NUM})
+CAPTURE_OP = _object({"range": {"type": ["string", "null"]}, "name": {"type": "string"}, "count": _INT,
+                      "cpu_ms": _NUM, "device_ms": _NUM})
+CAPTURE_KERNEL = _object({"name": {"type": "string"}, "stream": _INT, "step": _OPT_INT,
+                          "range": {"type": ["string", "null"]}, "start_ns": _INT, "dur_ns": _INT})
+CAPTURE_RUN = _object({"ranges": {"type": "array", "items": CAPTURE_RANGE},
+                       "ops": {"type": "array", "items": CAPTURE_OP},
+                       "kernels": {"type": "array", "items": CAPTURE_KERNEL}})
+CAPTURE = _object({"activities": {"type": "array", "items": {"enum": ["cpu", "cuda"]}},
+                   "runs": _object({"ar": CAPTURE_RUN, "ddtree": CAPTURE_RUN})})
+
+REPORT_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "DDTree Studio report",
+    **_object({
+        "schema_version": {"const": SCHEMA_VERSION},
+        "environment": ENVIRONMENT,
+        "config": _object({"model": {"type": "object"}, "decode": {"type": "object"}, "drafter": {"type": "object"},
+                           "prompt": _INTS}),
+        "summary": SUMMARY,
+        "runs": _object({"ar": RUN, "ddtree": RUN}),
+        "steps": {"type": "array", "items": STEP},
+        "kernels": {"type": "array", "items": KERNEL_ROW},
+        "capture": {"oneOf": [{"type": "null"}, CAPTURE]},
+    }),
+}

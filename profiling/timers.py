@@ -1,0 +1,142 @@
+"""Hierarchical stage timers: each range is an NVTX range and a timed interval.
+
+Names nest with "/" (step/verify/layer0/attn/verify_attn). On CUDA the interval is a pair of CUDA events,
+resolved only in results_ns() after the step, so timing never stalls the step; on the CPU it is
+perf_counter_ns. With annotate=True every range is also a torch.profiler record_function of the same full
+name, so a torch.profiler capture of the decode carries our stage names (profiling/capture.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import NamedTuple
+
+import torch
+
+try:  # the nvtx package gives domains and categories; torch.cuda.nvtx is the fallback
+    import nvtx as _nvtx
+
+    _DOMAIN = _nvtx.get_domain("ddtree")
+    _ATTRS: dict[str, object] = {}  # full name -> NVTX event attributes (None when no NVTX tool is attached)
+
+    def _push(name: str) -> None:
+        if name not in _ATTRS:
+            _ATTRS[name] = _DOMAIN.get_event_attributes(message=name, category=stage_category(name))
+        _DOMAIN.push_range(_ATTRS[name])
+
+    def _pop() -> None:
+        _DOMAIN.pop_range()
+
+except ImportError:  # pragma: no cover - exercised on machines without the nvtx package
+    def _push(name: str) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.nvtx.range_push(name)
+
+    def _pop() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.nvtx.range_pop()
+
+
+def stage_category(name: str) -> str:
+    """NVTX category of a range: its top-level stage ("step/verify/layer0/attn" -> "verify")."""
+    parts = name.split("/")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+class Span(NamedTuple):
+    """One timed range of one step: full name, start offset from the step's first range, duration (ns)."""
+
+    name: str
+    start_ns: int
+    dur_ns: int
+
+
+_NULL_RANGE = contextlib.nullcontext()
+
+
+class _Range:
+    """The context manager StepTimer.range returns when enabled (a class: cheaper than a generator)."""
+
+    __slots__ = ("_timer", "_name", "_full", "_seq", "_start", "_record")
+
+    def __init__(self, timer: StepTimer, name: str) -> None:
+        self._timer = timer
+        self._name = name
+
+    def __enter__(self) -> None:
+        timer = self._timer
+        self._full = "/".join([*timer._stack, self._name])
+        timer._stack.append(self._name)
+        self._seq = timer._num_opened
+        timer._num_opened += 1
+        _push(self._full)
+        self._record = None
+        if timer.annotate:
+            self._record = torch.profiler.record_function(self._full)
+            self._record.__enter__()
+        self._start = timer._mark()
+
+    def __exit__(self, *exc: object) -> None:
+        timer = self._timer
+        end = timer._mark()
+        if self._record is not None:
+            self._record.__exit__(None, None, None)
+        timer._pending.append((self._seq, self._full, self._start, end))
+        _pop()
+        timer._stack.pop()
+
+
+class StepTimer:
+    """Collects named, nested intervals for one step at a time. A disabled timer's range() is a shared
+    no-op context manager."""
+
+    def __init__(self, device: torch.device | str = "cpu", enabled: bool = True, *, annotate: bool = False) -> None:
+        self.device = torch.device(device)
+        self.enabled = enabled
+        self.annotate = annotate
+        self._stack: list[str] = []
+        self._num_opened = 0
+        self._pending: list[tuple[int, str, object, object]] = []  # (open order, full name, start, end)
+        self._last_spans: list[Span] = []
+
+    def range(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Time the enclosed block as `name`, nested under the ranges open around it."""
+        if not self.enabled:
+            return _NULL_RANGE
+        return _Range(self, name)
+
+    def _mark(self) -> object:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter_ns()
+
+    def _elapsed_ns(self, start: object, end: object) -> int:
+        if self.device.type == "cuda":
+            end.synchronize()
+            return round(start.elapsed_time(end) * 1e6)
+        return end - start
+
+    def results_ns(self) -> dict[str, int]:
+        """Elapsed ns per range name since the last call (repeated names add up). Waits for CUDA events.
+
+        The same call resolves the individual intervals that last_spans() returns."""
+        ordered = sorted(self._pending, key=lambda p: p[0])  # open order: parents before their children
+        origin = ordered[0][2] if ordered else None
+        out: dict[str, int] = {}
+        spans: list[Span] = []
+        for _, name, start, end in self._pending:
+            ns = self._elapsed_ns(start, end)
+            out[name] = out.get(name, 0) + ns
+        for _, name, start, end in ordered:
+            spans.append(Span(name, self._elapsed_ns(origin, start), self._elapsed_ns(start, end)))
+        self._pending.clear()
+        self._num_opened = 0
+        self._last_spans = spans
+        return out
+
+    def last_spans(self) -> list[Span]:
+        """The intervals resolved by the latest results_ns() call, in the order they were opened (a parent
+        before its children), with start offsets from the first range opened (the step)."""
+        return list(self._last_spans)

@@ -1,0 +1,84 @@
+"""Plotly figures of the Profile page (the per-step tree and mask figures live in profiling.figures)."""
+from __future__ import annotations
+
+import re
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.records import RunRecord, StepRecord
+from profiling.metrics import range_parents
+from profiling.spans import nested, step_spans
+
+_LAYER = re.compile(r"/layer\d+/")
+
+
+def self_ms(step: StepRecord) -> dict[str, float]:
+    """Each range's time not covered by its child ranges, layers folded together (layer*): these add up to the
+    step's total, so they stack into one bar per step."""
+    times = step.timings_ns
+    parents = range_parents(list(times))
+    own = dict(times)
+    for name, parent in parents.items():
+        if parent is not None:
+            own[parent] -= times[name]
+    out: dict[str, float] = {}
+    for name, ns in own.items():
+        label = _LAYER.sub("/layer*/", name.removeprefix("step/")) if name != "step" else "step (host, untimed)"
+        out[label] = out.get(label, 0.0) + max(ns, 0) / 1e6
+    return out
+
+
+def kernel_bars(run: RunRecord) -> go.Figure:
+    per_step = [self_ms(step) for step in run.steps]
+    labels = list(dict.fromkeys(label for row in per_step for label in row))
+    fig = go.Figure([go.Bar(name=label, x=[s.index for s in run.steps], y=[row.get(label, 0.0) for row in per_step],
+                            hovertemplate=f"{label}<br>step %{{x}}: %{{y:.3f}} ms<extra></extra>")
+                     for label in labels])
+    fig.update_layout(barmode="stack", xaxis_title="step", yaxis_title="ms (self time)", height=420,
+                      legend={"font": {"size": 10}}, margin={"t": 30, "b": 40})
+    return fig
+
+
+def step_timeline(step: StepRecord) -> go.Figure:
+    """The step's ranges as horizontal bars from their start offset (µs), nested ranges one row each."""
+    rows = nested(step_spans(step))
+    names = [span.name.removeprefix("step/") if span.name != "step" else "step" for span, _ in rows]
+    fig = go.Figure(go.Bar(
+        y=names, x=[span.dur_ns / 1e3 for span, _ in rows], base=[span.start_ns / 1e3 for span, _ in rows],
+        orientation="h", marker={"color": [depth for _, depth in rows], "colorscale": "Viridis"},
+        customdata=[[span.start_ns / 1e3, depth] for span, depth in rows],
+        hovertemplate="%{y}<br>start %{customdata[0]:.1f} µs, %{x:.1f} µs<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", tickfont={"size": 10})
+    fig.update_layout(xaxis_title="µs since the step started", height=max(300, 18 * len(rows) + 80),
+                      margin={"t": 30, "b": 40})
+    return fig
+
+
+def acceptance(summary: dict) -> go.Figure:
+    hist, rates = summary["acceptance_histogram"], summary["per_position_acceptance"]
+    fig = make_subplots(1, 2, subplot_titles=("Steps by drafted tokens accepted", "Acceptance rate by depth"))
+    fig.add_bar(x=list(range(len(hist))), y=hist, row=1, col=1, showlegend=False,
+                hovertemplate="%{x} accepted: %{y} steps<extra></extra>")
+    fig.add_bar(x=list(range(1, len(rates) + 1)), y=rates, row=1, col=2, showlegend=False,
+                hovertemplate="depth %{x}: %{y:.0%}<extra></extra>")
+    fig.update_xaxes(title_text="drafted tokens accepted", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="depth", dtick=1, row=1, col=2)
+    fig.update_yaxes(title_text="steps", row=1, col=1)
+    fig.update_yaxes(title_text="fraction of steps", range=[0, 1.05], tickformat=".0%", row=1, col=2)
+    fig.update_layout(height=340, margin={"t": 40, "b": 40})
+    return fig
+
+
+def sweep(rows: list[dict]) -> go.Figure:
+    budgets = [r["budget"] for r in rows]
+    fig = make_subplots(1, 2, subplot_titles=("tau (tokens per step) vs B", "ms per generated token vs B"))
+    fig.add_scatter(x=budgets, y=[r["tau"] for r in rows], mode="lines+markers", row=1, col=1, showlegend=False)
+    fig.add_scatter(x=budgets, y=[r["ms_per_token"] for r in rows], mode="lines+markers", row=1, col=2,
+                    showlegend=False)
+    best = min(rows, key=lambda r: r["ms_per_token"])
+    fig.add_scatter(x=[best["budget"]], y=[best["ms_per_token"]], mode="markers", row=1, col=2, name="fastest",
+                    marker={"size": 14, "symbol": "star", "color": "#d62728"})
+    fig.update_xaxes(type="log" if min(budgets) > 0 else "linear", tickvals=budgets, title_text="budget B")
+    fig.update_layout(height=340, margin={"t": 40, "b": 40})
+    return fig

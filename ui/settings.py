@@ -1,0 +1,132 @@
+"""The shared sidebar: which model, prompt, drafter and decode configuration every page works with."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import streamlit as st
+import torch
+
+from engine.checkpoint import Checkpoint
+from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MIN_BLOCK_SIZE, DecodeConfig
+from engine.session import parse_prompt
+from ui import resources
+
+DRAFTERS = {"oracle": "Knows the greedy continuation (the fixture's golden tokens, or an AR run of the prompt) "
+                      "and ranks it first at every depth, with seeded distractors below; noise demotes or drops it."}
+DEFAULTS = DecodeConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a decode depends on; any change starts the decode over."""
+
+    model: str
+    prompt: tuple[int, ...]
+    drafter: str
+    noise: float
+    seed: int
+    budget: int
+    block_size: int
+    max_new_tokens: int
+    device: str
+    dtype: str
+
+    def decode_config(self) -> DecodeConfig:
+        return DecodeConfig(budget=self.budget, block_size=self.block_size, max_new_tokens=self.max_new_tokens,
+                            device=self.device, dtype=self.dtype, seed=self.seed)
+
+
+def devices() -> list[str]:
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def checkpoint(model: str) -> Checkpoint:
+    """The checkpoint behind a sidebar model name: a bundled fixture or this tab's upload."""
+    uploads = st.session_state.uploads
+    if model in uploads:
+        return uploads[model]
+    return resources.bundled_checkpoint(str(resources.bundled_models()[model]))
+
+
+def _on_upload() -> None:
+    """Load an uploaded .kdtr with the CLI's loader. A bad file leaves the selected model as it was."""
+    ss = st.session_state
+    file = ss.upload
+    ss.upload_error = None
+    if file is None:
+        return
+    data = file.getvalue()
+    name = f"{file.name} ({hashlib.sha256(data).hexdigest()[:8]})"
+    try:
+        ss.uploads[name] = resources.read_upload(file.name, data)
+    except ValueError as exc:
+        ss.upload_error = f"{file.name} was not loaded: {exc}"
+        return
+    ss.model = name
+
+
+def _model() -> str:
+    st.header("Model")
+    names = [*resources.bundled_models(), *st.session_state.uploads]
+    model = st.selectbox("Checkpoint", names, key="model", help="Bundled fixtures from tests/refs, or your uploads.")
+    st.file_uploader("Upload a .kdtr", type=["kdtr"], key="upload", on_change=_on_upload,
+                     help="Validated by the same loader as the CLI (engine.kdtr.read_kdtr).")
+    if st.session_state.upload_error:
+        st.error(f"{st.session_state.upload_error} Still using {model}.")
+    return model
+
+
+def _prompt(model: str, vocab_size: int, fixture_prompt: list[int] | None) -> tuple[int, ...] | None:
+    st.header("Prompt")
+    sources = ["fixture prompt", "token ids"] if fixture_prompt is not None else ["token ids"]
+    source = st.radio("Prompt", sources, key="prompt_source", horizontal=True, label_visibility="collapsed")
+    if source == "fixture prompt":
+        st.caption(f"{len(fixture_prompt)} tokens: {', '.join(map(str, fixture_prompt))}")
+        return tuple(fixture_prompt)
+    text = st.text_input("Token ids", key="prompt_text", placeholder="e.g. 3, 14, 15, 92",
+                         help=f"Comma or space separated ids in [0, {vocab_size}).")
+    try:
+        return tuple(parse_prompt(text, vocab_size))
+    except ValueError as exc:
+        st.error(f"Prompt: {exc}")
+        return None
+
+
+def sidebar() -> Settings | None:
+    """Draw the sidebar; returns the chosen settings, or None while the prompt is invalid."""
+    with st.sidebar:
+        model = _model()
+        ckpt = checkpoint(model)
+        fixture_prompt = None if ckpt.prompt is None else [int(t) for t in ckpt.prompt]
+        prompt = _prompt(model, ckpt.config.vocab_size, fixture_prompt)
+        st.header("Drafter")
+        drafter = st.selectbox("Drafter", list(DRAFTERS), key="drafter", help=DRAFTERS["oracle"])
+        noise = st.slider("Noise", 0.0, 1.0, step=0.05, key="noise",
+                          help="Probability that the oracle demotes or drops the true token at a depth.")
+        seed = st.number_input("Seed", min_value=0, step=1, key="seed", help="Seeds the drafter's distractors.")
+        st.header("Decode")
+        budget = st.number_input("Budget B (tree nodes)", 0, MAX_BUDGET, step=1, key="budget",
+                                 help="Drafted nodes per step, root excluded; 0 is plain AR.")
+        block_size = st.number_input("Block size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, step=1, key="block_size",
+                                     help="The drafter proposes block_size - 1 positions per step.")
+        max_new_tokens = st.number_input("Max new tokens", 1, ckpt.config.max_position_embeddings, step=1,
+                                         key="max_new_tokens")
+        device = st.selectbox("Device", devices(), key="device", help="cuda is offered when torch sees a GPU.")
+        dtype = st.selectbox("Dtype", list(DTYPES), key="dtype")
+    if prompt is None:
+        return None
+    return Settings(model=model, prompt=prompt, drafter=drafter, noise=float(noise), seed=int(seed),
+                    budget=int(budget), block_size=int(block_size), max_new_tokens=int(max_new_tokens),
+                    device=device, dtype=dtype)
+
+
+def init_widgets() -> None:
+    """Widget defaults, set once per tab so that every page shows the same values."""
+    ss = st.session_state
+    ss.setdefault("noise", 0.0)
+    ss.setdefault("seed", DEFAULTS.seed)
+    ss.setdefault("budget", DEFAULTS.budget)
+    ss.setdefault("block_size", DEFAULTS.block_size)
+    ss.setdefault("max_new_tokens", DEFAULTS.max_new_tokens)
+    ss.setdefault("prompt_text", "")

@@ -1,0 +1,138 @@
+"""Per-tab state in st.session_state and the actions that change it.
+
+Each browser tab has its own session_state, so two tabs never share a decoder. Keys (set up once by init()):
+  settings  Settings the current decode was built with (None while the sidebar holds an invalid prompt)
+  decoder   the step-wise DDTree decoder of the Decode page (None until the first Step)
+  pair      (AR RunRecord, DDTree RunRecord) for the Profile, Compare and Report pages (None until needed)
+  reports   export file name -> bytes rendered from pair (None until the Report page asks)
+  sweep     the budget sweep's rows (None until run)
+  uploads   uploaded checkpoints that loaded, by display name
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import streamlit as st
+
+from engine.model import TargetModel
+from engine.records import RunRecord, StepRecord
+from engine.session import decode_pair, make_decoder
+from engine.sweep import budget_sweep
+from kernels import ExtensionBuildError
+from profiling.timers import StepTimer
+from ui import resources
+from ui.settings import Settings, checkpoint
+
+
+def init() -> None:
+    ss = st.session_state
+    ss.setdefault("settings", None)
+    ss.setdefault("decoder", None)
+    ss.setdefault("pair", None)
+    ss.setdefault("reports", None)
+    ss.setdefault("sweep", None)
+    ss.setdefault("uploads", {})
+    ss.setdefault("upload_error", None)
+
+
+def settings() -> Settings | None:
+    return st.session_state.settings
+
+
+def apply(new: Settings | None) -> str | None:
+    """Adopt the sidebar's settings; when they differ from the current ones, drop every decode made with the
+    old ones and return a message naming what changed."""
+    ss = st.session_state
+    old = ss.settings
+    if new == old:
+        return None
+    ss.settings = new
+    ss.decoder, ss.pair, ss.reports, ss.sweep = None, None, None, None
+    if old is None or new is None:
+        return None
+    changed = [f"{f.name} {_short(getattr(old, f.name))} -> {_short(getattr(new, f.name))}"
+               for f in dataclasses.fields(Settings) if getattr(old, f.name) != getattr(new, f.name)]
+    return f"Settings changed ({'; '.join(changed)}): the decode was reset."
+
+
+def _short(value: object) -> str:
+    text = ", ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _model(s: Settings) -> TargetModel:
+    return _engine(resources.target_model, s.model, checkpoint(s.model), s.device, s.dtype)
+
+
+def _engine(call: Callable, *args, **kwargs):
+    """Run an engine call; a ValueError (bad input, no room in the cache, ...) or a failed kernel build is shown
+    and stops the page."""
+    try:
+        return call(*args, **kwargs)
+    except (ValueError, ExtensionBuildError) as exc:
+        st.error(f"{type(exc).__name__}: {exc}")
+        st.stop()
+
+
+def reset() -> None:
+    st.session_state.decoder = None
+
+
+def steps() -> list[StepRecord]:
+    decoder = st.session_state.decoder
+    return [] if decoder is None else decoder.steps
+
+
+def done() -> bool:
+    decoder = st.session_state.decoder
+    return decoder is not None and decoder.done
+
+
+def advance(num_steps: int | None, on_step: Callable[[StepRecord], None] | None = None) -> int:
+    """Run up to num_steps more steps (None: until done); returns how many ran. The first call prefills."""
+    ss = st.session_state
+    s = ss.settings
+    if ss.decoder is None:
+        ss.decoder = _engine(make_decoder, checkpoint(s.model), list(s.prompt), s.decode_config(), "ddtree",
+                             noise=s.noise, drafter_seed=s.seed, timer=StepTimer(s.device), model=_model(s))
+    num_run = 0
+    while not ss.decoder.done and (num_steps is None or num_run < num_steps):
+        record = _engine(ss.decoder.step)
+        num_run += 1
+        if on_step is not None:
+            on_step(record)
+    return num_run
+
+
+def generated(max_new_tokens: int) -> list[tuple[int, int]]:
+    """(token, producing step) for every generated token so far, truncated as a RunRecord is; step -1 is the
+    prefill."""
+    decoder = st.session_state.decoder
+    if decoder is None:
+        return []
+    out = [(decoder.first_token, -1)] + [(t, step.index) for step in decoder.steps for t in step.committed]
+    return out[:max_new_tokens]
+
+
+def pair() -> tuple[RunRecord, RunRecord]:
+    """The AR and DDTree runs of the current settings, decoded once per settings (profiled)."""
+    ss = st.session_state
+    if ss.pair is None:
+        s = ss.settings
+        with st.spinner("Decoding the prompt with AR, then with DDTree..."):
+            ss.pair = _engine(decode_pair, checkpoint(s.model), list(s.prompt), s.decode_config(), noise=s.noise,
+                              drafter_seed=s.seed, profile_timers=True, model=_model(s))
+    return ss.pair
+
+
+def forget_pair() -> None:
+    st.session_state.pair = st.session_state.reports = None
+
+
+def sweep(budgets: list[int], on_progress: Callable[[int, int], None]) -> list[dict]:
+    ss = st.session_state
+    s = ss.settings
+    ss.sweep = _engine(budget_sweep, checkpoint(s.model), list(s.prompt), s.decode_config(), budgets,
+                       noise=s.noise, drafter_seed=s.seed, on_progress=on_progress, model=_model(s))
+    return ss.sweep

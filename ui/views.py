@@ -1,0 +1,71 @@
+"""Small renderers shared by the pages: coloured token strips and per-step tables."""
+from __future__ import annotations
+
+from engine.records import RunRecord, StepRecord
+from profiling.metrics import committing_step, stage_ns, top2_gap
+
+# Okabe-Ito-like qualitative palette, light enough for dark text; the prefill token is grey.
+STEP_COLOURS = ("#cfe2f3", "#fce5cd", "#d9ead3", "#ead1dc", "#fff2cc", "#d0e0e3", "#f4cccc", "#d9d2e9")
+PREFILL_COLOUR = "#e0e0e0"
+
+
+def number(value: float | None, spec: str, unit: str = "") -> str:
+    """A metric's text; "-" where the engine had nothing to measure (no steps, no time recorded)."""
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def step_colour(step: int) -> str:
+    return PREFILL_COLOUR if step < 0 else STEP_COLOURS[step % len(STEP_COLOURS)]
+
+
+def tokens_html(tokens: list[tuple[int, int]]) -> str:
+    """Token ids as chips coloured by the step that committed them (-1: the prefill); hover names the step."""
+    chips = []
+    for token, step in tokens:
+        label = "prefill" if step < 0 else f"step {step}"
+        chips.append(f'<span title="{label}" style="background:{step_colour(step)};border-radius:4px;'
+                     f'padding:2px 6px;margin:2px;display:inline-block;font-family:monospace">{int(token)}</span>')
+    return f'<div style="line-height:2">{"".join(chips)}</div>' if chips else ""
+
+
+def stage_rows(step: StepRecord) -> list[dict]:
+    """The step's top-level stages (step/draft, step/verify, ...) with their time and share of the step."""
+    total = step.timings_ns.get("step", 0)
+    return [{"stage": name, "ms": ns / 1e6, "share": ns / total if total else 0.0}
+            for name, ns in stage_ns(step).items()]
+
+
+def tree_caption(step: StepRecord) -> str:
+    tree = step.tree
+    num_padding = sum(1 for i, p in enumerate(tree.parents) if i > 0 and p < 0)
+    padding = f", {num_padding} of them padding" if num_padding else ""
+    path = " -> ".join(f"{n} ({tree.tokens[n]})" for n in step.path)
+    return (f"Step {step.index}: tree of **{tree.num_nodes} nodes** (root + {tree.num_nodes - 1} drafted{padding}), "
+            f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{step.bonus}**.")
+
+
+def compare_rows(ar: RunRecord, dd: RunRecord) -> list[dict]:
+    """Position by position: the AR token, the DDTree token, whether they agree, the AR logits' top-1/top-2
+    gap there (a near tie is where numerics could flip greedy) and the DDTree step that committed it."""
+    rows = []
+    for pos in range(max(len(ar.tokens), len(dd.tokens))):
+        a = ar.tokens[pos] if pos < len(ar.tokens) else None
+        d = dd.tokens[pos] if pos < len(dd.tokens) else None
+        gap = top2_gap(ar.logits[pos]) if ar.logits is not None and pos < len(ar.logits) else None
+        step = committing_step(dd, pos)
+        rows.append({"position": pos, "AR": a, "DDTree": d, "equal": a == d, "AR top-1/top-2 gap": gap,
+                     "DDTree step": "prefill" if step is None else str(step)})
+    return rows
+
+
+def verdict(summary: dict) -> tuple[bool, str]:
+    """(greedy-exact?, the sentence that says so)."""
+    n = summary["num_generated"]
+    div = summary["first_divergence"]
+    if summary["greedy_exact"]:
+        return True, (f"Greedy-exact: DDTree emitted exactly the AR tokens ({n} of {n} positions equal, "
+                      f"in {summary['num_steps']} DDTree steps vs {summary['ar_num_steps']} AR steps).")
+    gap = "n/a" if div["logit_gap"] is None else f"{div['logit_gap']:.4g}"
+    return False, (f"NOT greedy-exact: DDTree first diverges from AR at position {div['position']} "
+                   f"(AR token {div['ar_token']}, DDTree token {div['ddtree_token']}); the AR logits' top-1/top-2 "
+                   f"gap there is {gap}.")
