@@ -8,10 +8,10 @@ state.init()
 settings.init_widgets()
 
 page = st.navigation([
-    st.Page("pages/decode.py", title="Decode", icon=":material/play_arrow:", default=True),
-    st.Page("pages/profile.py", title="Profile", icon=":material/speed:"),
-    st.Page("pages/compare.py", title="Compare", icon=":material/difference:"),
-    st.Page("pages/report.py", title="Report", icon=":material/download:"),
+    st.Page("app_pages/decode.py", title="Decode", icon=":material/play_arrow:", default=True),
+    st.Page("app_pages/profile.py", title="Profile", icon=":material/speed:"),
+    st.Page("app_pages/compare.py", title="Compare", icon=":material/difference:"),
+    st.Page("app_pages/report.py", title="Report", icon=":material/download:"),
 ])
 notice = state.apply(settings.sidebar())
 if notice:

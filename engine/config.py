@@ -15,6 +15,7 @@ MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 2, 32
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16")
 SCORING_FUNCS = ("sigmoid", "softmax")
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: fixed in DeepSeek-V3 and transformers, not rms_norm_eps
 
 
 class ConfigError(ValueError):
@@ -29,6 +30,15 @@ def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
     _check(ok, name, value, f"an integer in [{lo}, {hi if hi is not None else 'inf'}]")
+
+
+def _is_positive_float(value: Any) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return 0 < float(value) < math.inf
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 @dataclass(slots=True, frozen=True)
@@ -84,8 +94,11 @@ class ModelConfig:
         _check(self.scoring_func in SCORING_FUNCS, "scoring_func", self.scoring_func, f"one of {SCORING_FUNCS}")
         for name in ("rms_norm_eps", "rope_theta", "routed_scaling_factor"):
             value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, name, value,
-                   "a finite number > 0")
+            _check(_is_positive_float(value), name, value, "a finite number > 0")
+        for name in ("norm_topk_prob", "rope_interleave", "tie_word_embeddings"):
+            _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
+        _check(self.rope_scaling is None or isinstance(self.rope_scaling, dict), "rope_scaling", self.rope_scaling,
+               "null or an object")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("type", self.rope_scaling.get("rope_type"))
             _check(kind == "yarn", "rope_scaling.type", kind, "'yarn' (the only scaling DeepSeek-V3 uses) or null")

@@ -64,6 +64,8 @@ def _rope(data: dict, where: str) -> tuple[float, dict | None]:
     legacy, params = data.get("rope_scaling"), data.get("rope_parameters")
     if legacy and params and legacy != params:
         raise HFLoadError(f"{where}: rope_scaling and rope_parameters disagree ({legacy} vs {params}); keep one")
+    if not isinstance(params or legacy or {}, dict):
+        raise HFLoadError(f"{where}: the RoPE settings must be a JSON object or null, got {params or legacy!r}")
     rope = dict(params or legacy or {})
     theta_top, theta_in = data.get("rope_theta"), rope.pop("rope_theta", None)
     if theta_top is not None and theta_in is not None and theta_top != theta_in:
@@ -101,7 +103,8 @@ def config_from_hf(data: dict, where: str = "config.json") -> ModelConfig:
     if data.get("model_type") not in MODEL_TYPES:
         raise HFLoadError(f"{where}: model_type={data.get('model_type')!r}; expected one of {MODEL_TYPES}")
     if data.get("quantization_config"):
-        method = data["quantization_config"].get("quant_method", "?")
+        quant = data["quantization_config"]
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
         raise HFLoadError(f"{where}: the checkpoint is quantized (quantization_config.quant_method={method!r}); "
                           "dequantize it to bfloat16/float32 safetensors first and drop quantization_config")
     for key, value in FIXED_KEYS.items():
@@ -191,11 +194,13 @@ def _plan(files: dict[str, Path], cfg: ModelConfig) -> list[tuple[Path, str, tup
                                   "output layer is model.embed_tokens.weight (as in transformers)", stacklevel=4)
                     continue
                 entry = next((e for e in NAME_TABLE if e[0].fullmatch(name)), None)
-                if entry is None and name not in expected:
-                    unknown.append(name)
-                    continue
                 tensor = f.get_slice(name)
                 dtype, shape = tensor.get_dtype(), tuple(tensor.get_shape())
+                if entry is None and name not in expected:
+                    # transformers saves zero-width shared experts when n_shared_experts is 0: they hold nothing
+                    if not (".mlp.shared_experts." in name and cfg.n_shared_experts == 0 and 0 in shape):
+                        unknown.append(name)
+                    continue
                 if dtype not in FLOAT_DTYPES:
                     raise HFLoadError(f"{path.name}: tensor {name} has dtype {dtype}; quantized or integer weights "
                                       f"are not supported: convert the checkpoint to one of {FLOAT_DTYPES}")
@@ -217,11 +222,13 @@ def _read_tensors(files: dict[str, Path], cfg: ModelConfig) -> dict[str, np.ndar
     """Every tensor of the model under its engine.weights name, in float32 and engine.weights order."""
     from safetensors import safe_open  # torch framework: it reads bfloat16, which numpy cannot hold
 
+    by_file: dict[Path, list[tuple[str, tuple | None]]] = {}
+    for path, name, entry in _plan(files, cfg):
+        by_file.setdefault(path, []).append((name, entry))
     weights: dict[str, np.ndarray] = {}
-    plan = _plan(files, cfg)
-    for path in sorted({p for p, _, _ in plan}):
+    for path, items in by_file.items():
         with safe_open(path, framework="pt") as f:
-            for _, name, entry in (item for item in plan if item[0] == path):
+            for name, entry in items:
                 arr = f.get_tensor(name).float().numpy()
                 renamed = entry[2](entry[0].fullmatch(name).group(1), arr, cfg) if entry else {name: arr}
                 for out_name, out in renamed.items():

@@ -159,14 +159,14 @@ def _parse_header(data: bytes, source: str) -> dict:
             raise KdtrError(f"{source}: tensor {name!r}: header entry must be an object with exactly "
                             f"dtype, shape and data_offsets, got {entry!r:.200}")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in _DTYPES:
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
             raise KdtrError(f"{source}: tensor {name!r}: dtype {dtype!r} is not one a .kdtr holds {list(_DTYPES)}")
         if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
             raise KdtrError(f"{source}: tensor {name!r}: shape must be a list of integers >= 0, got {shape!r:.200}")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
                 and offsets[0] <= offsets[1] <= data_len):
             raise KdtrError(f"{source}: tensor {name!r}: data_offsets {offsets!r:.200} out of range: the data "
-                            f"section holds {data_len} bytes")
+                            f"section holds {data_len} bytes (truncated file?)")
         nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
         if offsets[1] - offsets[0] != nbytes:
             raise KdtrError(f"{source}: tensor {name!r}: data_offsets {offsets} span {offsets[1] - offsets[0]} "

@@ -19,7 +19,7 @@ from profiling.timers import StepTimer
 
 from .cache import LatentCache
 from .checkpoint import Checkpoint
-from .config import ModelConfig
+from .config import LATENT_NORM_EPS, ModelConfig
 from .rope import rope_tables
 from .weights import lm_head_name
 
@@ -136,12 +136,12 @@ class TargetModel:
                    block_mask: torch.Tensor, cache: LatentCache, timer: StepTimer) -> torch.Tensor:
         cfg = self.cfg
         n, h = x.shape[0], cfg.num_attention_heads
-        q_in = x if a.q_a is None else rms_norm(F.linear(x, a.q_a), a.q_a_norm, cfg.rms_norm_eps)
+        q_in = x if a.q_a is None else rms_norm(F.linear(x, a.q_a), a.q_a_norm, LATENT_NORM_EPS)
         q = F.linear(q_in, a.q_b).view(n, h, cfg.qk_head_dim)
         q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         c_kv, k_pe = F.linear(x, a.kv_a).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()  # [N, H, P]
-        cache.write(i, rms_norm(c_kv, a.kv_a_norm, cfg.rms_norm_eps), apply_rope(k_pe, cos, sin, cfg.rope_interleave))
+        cache.write(i, rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS), apply_rope(k_pe, cos, sin, cfg.rope_interleave))
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, a.w_uk).contiguous()  # [N, H, R]
         with timer.range("verify_attn"):
             o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len, block_mask,

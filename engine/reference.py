@@ -15,12 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import LATENT_NORM_EPS, ModelConfig
 from .weights import lm_head_name, weight_shapes
-
-# q_a_layernorm and kv_a_layernorm use a fixed eps (HF builds them with the RMSNorm default, as does DeepSeek's
-# reference code); only the per-layer and final norms read cfg.rms_norm_eps.
-LATENT_NORM_EPS = 1e-6
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

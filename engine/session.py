@@ -9,7 +9,7 @@ from profiling.timers import StepTimer
 
 from .checkpoint import Checkpoint
 from .config import DecodeConfig
-from .decode import ARDecoder, DDTreeDecoder, Decoder, DecodeError, validate_prompt
+from .decode import ARDecoder, DDTreeDecoder, DecodeError, Decoder, validate_prompt
 from .drafters import OracleDrafter
 from .model import TargetModel
 from .records import RunRecord, StepRecord

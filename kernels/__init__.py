@@ -73,7 +73,12 @@ def _load_once() -> _Loaded:
     start = time.perf_counter()
     plan = make_plan()
     _check_toolchain(plan.with_cuda)
-    plan.build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        plan.build_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExtensionBuildError(
+            f"cannot create the build directory {plan.build_dir} ({e}); set DDTREE_BUILD_DIR to a writable directory"
+        ) from e
     library = plan.build_dir / f"{EXTENSION_NAME}.so"
     before = _mtime_ns(library)
     with build_lock(plan.build_dir, _lock_timeout_s()):
@@ -102,7 +107,10 @@ def make_plan() -> BuildPlan:
         extra_cuda_cflags = ["-O3", "-std=c++17", "-lineinfo", *_cuda_arch_flags()]
     extra_cflags = ["-O3", "-fopenmp"]  # -fopenmp: at::parallel_for is inline and runs serially without it
     extra_ldflags = ["-fopenmp"]
-    digest = _digest(sorted(sources + headers), [*extra_cflags, *extra_cuda_cflags, *extra_ldflags])
+    flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
+    if with_cuda:
+        flags.append(f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '')}")
+    digest = _digest(sorted(sources + headers), flags)
     default_dir = Path.home() / ".cache" / "ddtree-studio" / "build"
     default_dir /= f"{torch.__version__}-{'cuda' if with_cuda else 'cpu'}-{digest}"
     build_dir = Path(os.environ.get("DDTREE_BUILD_DIR") or default_dir)
@@ -122,7 +130,7 @@ def _digest(files: list[Path], flags: list[str]) -> str:
     h = hashlib.sha256()
     for path in files:
         h.update(str(path.relative_to(CSRC)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update("\0".join([*flags, os.environ.get("TORCH_CUDA_ARCH_LIST", "")]).encode())
+    h.update("\0".join(flags).encode())
     return h.hexdigest()[:12]
 
 

@@ -65,9 +65,9 @@ def verify_attn(
     num_nodes = q_lat.shape[0]
     prefix = int(prefix_len)
     cache_rows = ckv.shape[0]
-    scores = scale * (
-        torch.einsum("nhr,sr->nhs", q_lat.double(), ckv.double()) + torch.einsum("nhp,sp->nhs", q_pe.double(), kpe.double())
-    )  # [N, H, S]
+    lat = torch.einsum("nhr,sr->nhs", q_lat.double(), ckv.double())
+    rope = torch.einsum("nhp,sp->nhs", q_pe.double(), kpe.double())
+    scores = scale * (lat + rope)  # [N, H, S]
     visible = torch.zeros(num_nodes, cache_rows, dtype=torch.bool)
     visible[:, :prefix] = True
     visible[:, prefix : prefix + num_nodes] = block_mask

@@ -10,14 +10,14 @@ from engine.records import RunRecord
 from .spans import PREFILL, run_spans
 from .timers import stage_category
 
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
+STAGE_COLORS = {"prefill": "#1f77b4", "step": "#ff7f0e", "draft": "#17becf", "tree_build": "#d62728",
+                "verify": "#9467bd", "tree_accept": "#8c564b", "kv_compact": "#e377c2", "commit": "#7f7f7f"}
+OTHER_COLORS = ("#bcbd22", "#2ca02c", "#aec7e8", "#ffbb78")
 
 
-def _color(category: str, order: list[str]) -> str:
-    if category not in order:
-        order.append(category)
-    return PALETTE[order.index(category) % len(PALETTE)]
+def stage_color(category: str) -> str:
+    """One colour per stage in every chart (stages outside the known ones share a small palette)."""
+    return STAGE_COLORS.get(category, OTHER_COLORS[sum(map(ord, category)) % len(OTHER_COLORS)])
 
 
 def timeline_figure(run: RunRecord) -> go.Figure:
@@ -27,11 +27,10 @@ def timeline_figure(run: RunRecord) -> go.Figure:
     by_category: dict[str, list] = {}
     for s in spans:
         by_category.setdefault(PREFILL if s.step is None else stage_category(s.name), []).append(s)
-    order: list[str] = []
     fig = go.Figure()
     for category, group in by_category.items():
         fig.add_trace(go.Bar(
-            orientation="h", name=category, marker_color=_color(category, order),
+            orientation="h", name=category, marker_color=stage_color(category),
             base=[s.start_ns / 1e6 for s in group], x=[s.dur_ns / 1e6 for s in group],
             y=[f"depth {s.depth}" for s in group],
             customdata=[[s.name, "prefill" if s.step is None else s.step, s.start_ns / 1e6] for s in group],
@@ -48,12 +47,15 @@ def timeline_figure(run: RunRecord) -> go.Figure:
 def stage_figure(rows: list[dict], depth: int = 1) -> go.Figure:
     """Mean ms per step of each range at `depth` (1: the stages), AR next to DDTree (kernel_table rows)."""
     fig = go.Figure()
+    order = list(dict.fromkeys(r["name"] for mode in ("ddtree", "ar") for r in rows
+                               if r["mode"] == mode and r["depth"] == depth))
     for mode in ("ar", "ddtree"):
         picked = [r for r in rows if r["mode"] == mode and r["depth"] == depth]
         fig.add_trace(go.Bar(name=mode, x=[r["name"] for r in picked], y=[r["mean_ms"] for r in picked],
                              customdata=[[r["share"] or 0.0] for r in picked],
                              hovertemplate="%{x}: %{y:.3f} ms/step, %{customdata[0]:.1%} of the step<extra></extra>"))
     fig.update_layout(barmode="group", title="mean time per step by stage", yaxis={"title": "ms per step"},
+                      xaxis={"categoryorder": "array", "categoryarray": order},
                       height=380, margin={"l": 60, "r": 20, "t": 50, "b": 80})
     return fig
 

@@ -20,16 +20,23 @@ def real_nodes(tree: TreeRecord) -> list[int]:
     return [0] + [i for i in range(1, tree.num_nodes) if tree.parents[i] >= 0]
 
 
-def tree_layout(tree: TreeRecord) -> dict[int, tuple[float, float]]:
-    """Node -> (x, y) for the root and every drafted node."""
-    children: dict[int, list[int]] = {i: [] for i in real_nodes(tree)}
+def tree_layout(tree: TreeRecord, extra_leaf_under: int | None = None) -> dict[int, tuple[float, float]]:
+    """Node -> (x, y) for the root and every drafted node. extra_leaf_under: also place a virtual last child
+    of that node (key tree.num_nodes), e.g. the step's bonus token, in a row of its own."""
+    extra = tree.num_nodes
+    depths = {i: tree.depths[i] for i in real_nodes(tree)}
+    children: dict[int, list[int]] = {i: [] for i in depths}
     for i in real_nodes(tree)[1:]:
         children[tree.parents[i]].append(i)
     for kids in children.values():
         kids.sort(key=lambda c: (tree.ranks[c], c))
+    if extra_leaf_under is not None:
+        children[extra_leaf_under].append(extra)
+        children[extra] = []
+        depths[extra] = depths[extra_leaf_under] + 1
     rows: dict[int, float] = {}
     next_row = 0
-    order, stack = [], [(0, False)]
+    stack = [(0, False)]
     while stack:  # iterative post-order: a node's row is known once its children have theirs
         node, expanded = stack.pop()
         if expanded or not children[node]:
@@ -38,11 +45,10 @@ def tree_layout(tree: TreeRecord) -> dict[int, tuple[float, float]]:
             else:
                 rows[node] = float(next_row)
                 next_row += 1
-            order.append(node)
         else:
             stack.append((node, True))
             stack.extend((c, False) for c in reversed(children[node]))
-    return {n: (float(tree.depths[n]), rows[n]) for n in order}
+    return {n: (float(depths[n]), rows[n]) for n in rows}
 
 
 def node_kind(step: StepRecord, node: int) -> str:
@@ -60,7 +66,10 @@ def _hover(step: StepRecord, node: int) -> str:
 def tree_figure(step: StepRecord) -> go.Figure:
     """Node-link figure of the step's drafted tree: accepted path in green, the bonus token in gold."""
     tree = step.tree
-    pos = tree_layout(tree)
+    last = step.path[-1]
+    pos = tree_layout(tree, extra_leaf_under=last)
+    bonus_xy = pos.pop(tree.num_nodes)
+    num_rows = 1 + int(max(bonus_xy[1], *(y for _, y in pos.values())))
     accepted_edges = set(zip(step.path[:-1], step.path[1:], strict=True))
     edge_xy: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
     for node in pos:
@@ -75,8 +84,6 @@ def tree_figure(step: StepRecord) -> go.Figure:
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
                                  line={"color": COLORS["accepted"] if on_path else "#b0b0b0",
                                        "width": 3 if on_path else 1}))
-    last = step.path[-1]
-    bonus_xy = (pos[last][0] + 1, pos[last][1])
     fig.add_trace(go.Scatter(x=[pos[last][0], bonus_xy[0]], y=[pos[last][1], bonus_xy[1]], mode="lines",
                              hoverinfo="skip", showlegend=False, line={"color": COLORS["bonus"], "dash": "dot"}))
     labelled = len(pos) <= MAX_LABELLED_NODES
@@ -92,8 +99,9 @@ def tree_figure(step: StepRecord) -> go.Figure:
                              hovertext=[f"bonus token {step.bonus}<br>target argmax at node {last}"],
                              hoverinfo="text", marker={"color": COLORS["bonus"], "size": 12, "symbol": "star"}))
     fig.update_layout(title=f"{step.mode} step {step.index}: {len(pos)} nodes, {step.num_accepted} accepted "
-                            f"+ bonus", xaxis={"title": "depth", "dtick": 1}, yaxis={"visible": False},
-                      height=max(300, min(1200, 18 * (max(y for _, y in pos.values()) + 2))),
+                            f"+ bonus", xaxis={"title": "depth", "dtick": 1},
+                      yaxis={"visible": False, "range": [num_rows - 0.4, -0.6]},
+                      height=min(1600, 160 + 44 * num_rows),
                       margin={"l": 20, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})
     return fig
 

@@ -65,14 +65,15 @@ class _Range:
 
     def __enter__(self) -> None:
         timer = self._timer
-        self._full = "/".join([*timer._stack, self._name])
-        timer._stack.append(self._name)
+        stack = timer._stack
+        full = self._full = f"{stack[-1]}/{self._name}" if stack else self._name
+        stack.append(full)
         self._seq = timer._num_opened
         timer._num_opened += 1
-        _push(self._full)
+        _push(full)
         self._record = None
         if timer.annotate:
-            self._record = torch.profiler.record_function(self._full)
+            self._record = torch.profiler.record_function(full)
             self._record.__enter__()
         self._start = timer._mark()
 
@@ -92,9 +93,10 @@ class StepTimer:
 
     def __init__(self, device: torch.device | str = "cpu", enabled: bool = True, *, annotate: bool = False) -> None:
         self.device = torch.device(device)
+        self._on_cuda = self.device.type == "cuda"  # cached: reading torch.device.type costs per range
         self.enabled = enabled
         self.annotate = annotate
-        self._stack: list[str] = []
+        self._stack: list[str] = []  # full names of the open ranges
         self._num_opened = 0
         self._pending: list[tuple[int, str, object, object]] = []  # (open order, full name, start, end)
         self._last_spans: list[Span] = []
@@ -106,14 +108,14 @@ class StepTimer:
         return _Range(self, name)
 
     def _mark(self) -> object:
-        if self.device.type == "cuda":
+        if self._on_cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
         return time.perf_counter_ns()
 
     def _elapsed_ns(self, start: object, end: object) -> int:
-        if self.device.type == "cuda":
+        if self._on_cuda:
             end.synchronize()
             return round(start.elapsed_time(end) * 1e6)
         return end - start

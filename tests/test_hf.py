@@ -56,9 +56,9 @@ CONFIGS = [
     ("yarn_kimi_tied", dict(rope_parameters=YARN_KIMI, n_group=1, topk_group=1, q_lora_rank=None,
                             num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True,
                             routed_scaling_factor=2.827)),
-    ("yarn_factor_only_unnormed", dict(rope_parameters=YARN_FACTOR_ONLY, rope_interleave=False, n_group=4,
-                                       topk_group=3, norm_topk_prob=False, first_k_dense_replace=0,
-                                       num_hidden_layers=2)),
+    ("yarn_factor_only_unnormed_unshared", dict(rope_parameters=YARN_FACTOR_ONLY, rope_interleave=False, n_group=4,
+                                                topk_group=3, norm_topk_prob=False, first_k_dense_replace=0,
+                                                num_hidden_layers=2, n_shared_experts=0)),
 ]
 PROMPT_LEN, NUM_NEW = 8, 10
 
@@ -68,16 +68,13 @@ def hf_config(**overrides) -> DeepseekV3Config:
 
 
 def random_model(config: DeepseekV3Config, seed: int) -> DeepseekV3ForCausalLM:
-    """Weights with std 2/sqrt(fan_in) (embeddings 1, norms 1 +- 0.1): peaked logits, clear top-1/top-2 gaps."""
+    """Matrices with std 2/sqrt(fan_in), norms 1 +- 0.1: peaked logits with clear top-1/top-2 gaps."""
     model = DeepseekV3ForCausalLM(config).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             noise = torch.randn(p.shape, generator=gen)
-            if p.dim() == 1:
-                p.copy_(1 + 0.1 * noise)
-            else:
-                p.copy_(noise if name.endswith("embed_tokens.weight") else 2 * noise / math.sqrt(p.shape[-1]))
+            p.copy_(1 + 0.1 * noise if p.dim() == 1 else 2 * noise / math.sqrt(p.shape[-1]))
         for module in model.modules():
             if isinstance(module, hf_deepseek.DeepseekV3TopkRouter):
                 module.e_score_correction_bias.copy_(0.2 * torch.randn(module.num_experts, generator=gen))
@@ -367,6 +364,7 @@ def test_rejects_with_a_clear_error(small, tmp_path, mutate, message):
 
 def test_load_model_takes_a_directory_or_a_kdtr_file(small, tmp_path):
     assert_same_weights(load_model(small.path), small.ckpt)
+    small.ckpt.prompt = np.arange(4, dtype=np.int64)  # a .kdtr file always carries a prompt
     write_kdtr(tmp_path / "m.kdtr", small.ckpt)
     assert_same_weights(load_model(str(tmp_path / "m.kdtr")), small.ckpt)
     with pytest.raises(ModelLoadError, match="no such file or directory"):

@@ -25,15 +25,16 @@ def _assert_same_tree(got, want) -> None:
 
 def _check_tree_invariants(tree: ops.BuiltTree, draft: torch.Tensor, root: int) -> None:
     """Properties every built tree has, computed from the outputs alone."""
-    tokens, parents, depths, ranks, scores, visibility = tree
-    num_nodes = tokens.numel()
-    assert (parents[0], depths[0], tokens[0], scores[0]) == (-1, 0, root, 0.0)
+    tokens, parents, depths, ranks = (t.tolist() for t in tree[:4])
+    scores, visibility = tree.scores, tree.visibility
+    num_nodes = len(tokens)
+    assert (parents[0], depths[0], ranks[0], tokens[0], float(scores[0])) == (-1, 0, 0, root, 0.0)
     expected_vis = torch.eye(num_nodes, dtype=torch.bool)
     children: dict[int, list[int]] = {}
     for i in range(1, num_nodes):
-        p = int(parents[i])
+        p = parents[i]
         if p == -1:  # padding
-            assert (tokens[i], depths[i], ranks[i]) == (root, 0, 0) and scores[i] == float("-inf")
+            assert (tokens[i], depths[i], ranks[i], float(scores[i])) == (root, 0, 0, float("-inf"))
             continue
         assert 0 <= p < i and depths[i] == depths[p] + 1
         assert scores[i] == scores[p] + draft[depths[i] - 1, tokens[i]]  # float32, parent + lp
@@ -41,8 +42,9 @@ def _check_tree_invariants(tree: ops.BuiltTree, draft: torch.Tensor, root: int) 
         children.setdefault(p, []).append(i)
     assert torch.equal(visibility, expected_vis)  # ancestor closure
     for kids in children.values():
-        assert len({int(tokens[c]) for c in kids}) == len(kids)  # siblings carry distinct tokens
-    real = scores[parents != -1]
+        assert len({tokens[c] for c in kids}) == len(kids)  # siblings carry distinct tokens
+        assert [ranks[c] for c in kids] == sorted(ranks[c] for c in kids)  # siblings pop in rank order
+    real = tree.scores[tree.parents != -1]
     assert torch.all(real[1:] <= real[:-1])  # best-first with log-probs <= 0
 
 
@@ -50,9 +52,8 @@ def _check_tree_invariants(tree: ops.BuiltTree, draft: torch.Tensor, root: int) 
 @settings(max_examples=15, deadline=None)
 @given(seed=SEEDS)
 def test_tree_build_matches_reference(budget, seed):
-    gen = torch.Generator().manual_seed(seed)
-    num_depths, vocab = random.Random(seed).randint(1, 6), random.Random(seed + 1).randint(1, 40)
-    draft = _random_logprobs(gen, num_depths, vocab)
+    rng = random.Random(seed)
+    draft = _random_logprobs(torch.Generator().manual_seed(seed), rng.randint(1, 6), rng.randint(1, 40))
     root = torch.tensor(seed % 1000)
     got = ops.tree_build(draft, root, budget)
     _assert_same_tree(got, reference.tree_build(draft, root, budget))
@@ -108,11 +109,16 @@ def _block_mask(kind: str, num_nodes: int, rng: random.Random) -> torch.Tensor:
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got))
-    return float((got.double() - want.double())[finite].abs().max() / want.double()[finite].abs().max().clamp_min(1e-30))
+    diff = (got.double() - want.double())[finite].abs().max()
+    return float(diff / want.double()[finite].abs().max().clamp_min(1e-30))
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("kind, cache_rows", [("causal", 1), ("causal", 64), ("tree", 7), ("tree", 300), ("single", 300)])
+@pytest.mark.parametrize(
+    "dtype, tol", [pytest.param(torch.float32, 1e-5, id="float32"), pytest.param(torch.bfloat16, 1e-2, id="bfloat16")]
+)
+@pytest.mark.parametrize(
+    "kind, cache_rows", [("causal", 1), ("causal", 64), ("tree", 7), ("tree", 300), ("single", 1), ("single", 300)]
+)
 @settings(max_examples=6, deadline=None)
 @given(seed=SEEDS)
 def test_verify_attn_matches_reference(dtype, tol, kind, cache_rows, seed):
@@ -197,7 +203,7 @@ def test_tree_accept_matches_reference(seed):
         assert torch.equal(g, w)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @settings(max_examples=25, deadline=None)
 @given(seed=SEEDS)
 def test_kv_compact_matches_reference(dtype, seed):
@@ -214,91 +220,105 @@ def test_kv_compact_matches_reference(dtype, seed):
     prefix = torch.tensor(rng.randint(0, cache_rows - len(parents)))
     ckv = torch.randn(num_layers, cache_rows, 16, generator=gen).to(dtype)
     kpe = torch.randn(num_layers, cache_rows, 4, generator=gen).to(dtype)
+    original = ckv.clone()
     want_ckv, want_kpe = ckv.clone(), kpe.clone()
     reference.kv_compact(want_ckv, want_kpe, prefix, padded)
     ops.kv_compact(ckv, kpe, prefix, padded)
     assert torch.equal(ckv, want_ckv) and torch.equal(kpe, want_kpe)
-    start = int(prefix)
-    assert torch.equal(ckv[:, start + len(path) :], want_ckv[:, start + len(path) :])  # rows past the path untouched
+    start, end = int(prefix), int(prefix) + len(path)
+    assert torch.equal(ckv[:, start:end], original[:, [start + node for node in path]])
+    assert torch.equal(ckv[:, :start], original[:, :start]) and torch.equal(ckv[:, end:], original[:, end:])
 
 
 def _opcheck_cases():
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     draft = _random_logprobs(gen, 3, 10)
-    yield "tree_build", (draft, torch.tensor(2), 7)
+    yield pytest.param("tree_build", (draft, torch.tensor(2), 7), id="tree_build")
     q = (torch.randn(5, 2, 8, generator=gen), torch.randn(5, 2, 4, generator=gen))
     cache = (torch.randn(12, 8, generator=gen), torch.randn(12, 4, generator=gen))
-    yield "verify_attn", (*q, *cache, torch.tensor(4), _ancestor_mask([-1, 0, 0, 1, 2]), 0.25)
-    yield "tree_accept", (torch.tensor([9, 1, 2, 3]), torch.tensor([-1, 0, 0, 1]), torch.tensor([1, 3, 0, 4]), 3)
-    yield "kv_compact", (torch.randn(2, 9, 8), torch.randn(2, 9, 4), torch.tensor(2), torch.tensor([0, 2, 5, -1]))
+    attn_args = (*q, *cache, torch.tensor(4), _ancestor_mask([-1, 0, 0, 1, 2]), 0.25)
+    yield pytest.param("verify_attn", attn_args, id="verify_attn")
+    accept_args = (torch.tensor([9, 1, 2, 3]), torch.tensor([-1, 0, 0, 1]), torch.tensor([1, 3, 0, 4]), 3)
+    yield pytest.param("tree_accept", accept_args, id="tree_accept")
+    compact_args = (torch.randn(2, 9, 8), torch.randn(2, 9, 4), torch.tensor(2), torch.tensor([0, 2, 5, -1]))
+    yield pytest.param("kv_compact", compact_args, id="kv_compact")
 
 
-@pytest.mark.parametrize("name, args", list(_opcheck_cases()), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("name, args", list(_opcheck_cases()))
 def test_opcheck(name, args):
     torch.library.opcheck(getattr(torch.ops.ddtree, name).default, args)
 
 
-def _draft() -> torch.Tensor:
-    return torch.log_softmax(torch.randn(3, 10), dim=-1)
+def _draft(nan_at: tuple[int, int] | None = None) -> torch.Tensor:
+    draft = torch.log_softmax(torch.randn(3, 10), dim=-1)  # [L, V]
+    if nan_at is not None:
+        draft[nan_at] = float("nan")
+    return draft
 
 
-def _attn_args(num_nodes=4, cache_rows=10, prefix=2, dtype=torch.float32):
-    return [
-        torch.randn(num_nodes, 2, 8, dtype=dtype),
-        torch.randn(num_nodes, 2, 4, dtype=dtype),
-        torch.randn(cache_rows, 8, dtype=dtype),
-        torch.randn(cache_rows, 4, dtype=dtype),
-        torch.tensor(prefix),
-        torch.ones(num_nodes, num_nodes, dtype=torch.bool),
-        0.3,
-    ]
+def _build(draft: torch.Tensor | None = None, root: torch.Tensor | None = None, budget: int = 4) -> ops.BuiltTree:
+    return ops.tree_build(_draft() if draft is None else draft, torch.tensor(0) if root is None else root, budget)
 
 
-def _with(args: list, index: int, value) -> list:
-    return [value if i == index else a for i, a in enumerate(args)]
+def _attn(prefix: int = 2, **replace) -> ops.Attention:
+    """verify_attn on N = 4 nodes, H = 2, R = 8, P = 4, S = 10, with some arguments replaced."""
+    args = {
+        "q_lat": torch.randn(4, 2, 8),
+        "q_pe": torch.randn(4, 2, 4),
+        "ckv": torch.randn(10, 8),
+        "kpe": torch.randn(10, 4),
+        "prefix_len": torch.tensor(prefix),
+        "block_mask": torch.ones(4, 4, dtype=torch.bool),
+        "scale": 0.3,
+    }
+    return ops.verify_attn(**(args | replace))
 
 
-@pytest.mark.parametrize(
-    "call, message",
-    [
-        (lambda: ops.tree_build(_draft().double(), torch.tensor(0), 4), "draft_logprobs must be float32, got float64"),
-        (lambda: ops.tree_build(_draft()[0], torch.tensor(0), 4), r"draft_logprobs must be 2-dim \[L, V\]"),
-        (lambda: ops.tree_build(_draft().t(), torch.tensor(0), 4), "draft_logprobs must be contiguous"),
-        (lambda: ops.tree_build(_draft(), torch.tensor([0]), 4), "root_token must be a 0-dim int64 tensor"),
-        (lambda: ops.tree_build(_draft(), torch.tensor(-2), 4), "root_token must be a token id >= 0, got -2"),
-        (lambda: ops.tree_build(_draft(), torch.tensor(0), -1), r"budget must be in \[0, 1024\], got -1"),
-        (lambda: ops.tree_build(_draft(), torch.tensor(0), 1025), r"budget must be in \[0, 1024\], got 1025"),
-        (lambda: ops.tree_build(_draft().index_put((torch.tensor(1), torch.tensor(7)), torch.tensor(float("nan"))),
-                                torch.tensor(0), 4), r"draft_logprobs has NaN at \[1, 7\]"),
-        (lambda: ops.verify_attn(*_attn_args(prefix=7)), "prefix_len \\+ N must be <= S.*prefix_len = 7, N = 4, S = 10"),
-        (lambda: ops.verify_attn(*_attn_args(prefix=-1)), "prefix_len must be >= 0, got -1"),
-        (lambda: ops.verify_attn(*_with(_attn_args(), 2, torch.randn(10, 8, dtype=torch.bfloat16))),
-         "ckv \\(same dtype as q_lat\\) must be float32, got bfloat16"),
-        (lambda: ops.verify_attn(*_with(_attn_args(), 0, torch.randn(4, 2, 8, dtype=torch.float64))),
-         "q_lat must be float32 or bfloat16, got float64"),
-        (lambda: ops.verify_attn(*_with(_attn_args(), 2, torch.randn(10, 9))), r"ckv \[S, R\] must have R = .* 8"),
-        (lambda: ops.verify_attn(*_with(_attn_args(), 3, torch.randn(11, 4))), "kpe .* and ckv .* must have the same S"),
-        (lambda: ops.verify_attn(*_with(_attn_args(), 5, torch.ones(4, 3, dtype=torch.bool))),
-         r"block_mask must be \[N, N\] with N = .* 4"),
-        (lambda: ops.verify_attn(*_with(_attn_args(), 5, torch.ones(4, 4))), "block_mask must be bool, got float32"),
-        (lambda: ops.verify_attn(*_with(_attn_args(), 4, torch.tensor(2, dtype=torch.int32))),
-         "prefix_len must be a 0-dim int64 tensor"),
-        (lambda: ops.tree_accept(torch.tensor([1, 2]), torch.tensor([-1, 0]), torch.tensor([2, 0], dtype=torch.int32), 1),
-         "target must be int64, got int32"),
-        (lambda: ops.tree_accept(torch.tensor([1, 2]), torch.tensor([-1, 0, 0]), torch.tensor([2, 0]), 1),
-         r"tokens, parents and target must all be \[N\]"),
-        (lambda: ops.tree_accept(torch.tensor([1, 2]), torch.tensor([-1, 1]), torch.tensor([2, 0]), 1),
-         "parents\\[1\\] = 1 must be -1 or a node index below 1"),
-        (lambda: ops.tree_accept(torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 1]), torch.tensor([2, 3, 0]), 1),
-         "accepted path is longer than max_depth \\+ 1 = 2"),
-        (lambda: ops.kv_compact(torch.randn(2, 9, 8), torch.randn(3, 9, 4), torch.tensor(0), torch.tensor([0, -1])),
-         "must agree in num_layers and S"),
-        (lambda: ops.kv_compact(torch.randn(2, 9, 8), torch.randn(2, 9, 4), torch.tensor(0), torch.tensor([0, 3, 2])),
-         "path must be increasing"),
-        (lambda: ops.kv_compact(torch.randn(2, 9, 8), torch.randn(2, 9, 4), torch.tensor(5), torch.tensor([0, 4])),
-         "path\\[1\\] = 4 points at cache row prefix_len \\+ 4 = 9, beyond S = 9"),
-    ],
-)
-def test_bad_inputs_raise_clear_errors(call, message):
+def _accept(tokens, parents, target, max_depth=1, dtype=torch.int64) -> ops.Acceptance:
+    return ops.tree_accept(torch.tensor(tokens), torch.tensor(parents), torch.tensor(target, dtype=dtype), max_depth)
+
+
+def _compact(path, prefix=0, kpe_layers=2) -> None:
+    ops.kv_compact(torch.randn(2, 9, 8), torch.randn(kpe_layers, 9, 4), torch.tensor(prefix), torch.tensor(path))
+
+
+BAD_INPUTS = {
+    "draft dtype": (lambda: _build(_draft().double()), "draft_logprobs must be float32, got float64"),
+    "draft dim": (lambda: _build(_draft()[0]), r"draft_logprobs must be 2-dim \[L, V\]"),
+    "draft strides": (lambda: _build(_draft().t()), "draft_logprobs must be contiguous"),
+    "draft NaN": (lambda: _build(_draft(nan_at=(1, 7))), r"draft_logprobs has NaN at \[1, 7\]"),
+    "root shape": (lambda: _build(root=torch.tensor([0])), "root_token must be a 0-dim int64 tensor"),
+    "root value": (lambda: _build(root=torch.tensor(-2)), "root_token must be a token id >= 0, got -2"),
+    "budget low": (lambda: _build(budget=-1), r"budget must be in \[0, 1024\], got -1"),
+    "budget high": (lambda: _build(budget=1025), r"budget must be in \[0, 1024\], got 1025"),
+    "prefix + N > S": (lambda: _attn(prefix=7), r"prefix_len \+ N must be <= S.*prefix_len = 7, N = 4, S = 10"),
+    "prefix < 0": (lambda: _attn(prefix=-1), "prefix_len must be >= 0, got -1"),
+    "prefix dtype": (lambda: _attn(prefix_len=torch.tensor(2, dtype=torch.int32)),
+                     "prefix_len must be a 0-dim int64 tensor"),
+    "mixed dtypes": (lambda: _attn(ckv=torch.randn(10, 8).bfloat16()),
+                     r"ckv \(same dtype as q_lat\) must be float32, got bfloat16"),
+    "q dtype": (lambda: _attn(q_lat=torch.randn(4, 2, 8).double()), "q_lat must be float32 or bfloat16, got float64"),
+    "H mismatch": (lambda: _attn(q_pe=torch.randn(4, 3, 4)), r"q_pe \[N, H, P\] must match q_lat \[N, H, R\] in N"),
+    "R mismatch": (lambda: _attn(ckv=torch.randn(10, 9)), r"ckv \[S, R\] must have R = q_lat.size\(2\) = 8"),
+    "S mismatch": (lambda: _attn(kpe=torch.randn(11, 4)), r"kpe \[S, P\] and ckv \[S, R\] must have the same S"),
+    "mask shape": (lambda: _attn(block_mask=torch.ones(4, 3, dtype=torch.bool)),
+                   r"block_mask must be \[N, N\] with N = q_lat.size\(0\) = 4"),
+    "mask dtype": (lambda: _attn(block_mask=torch.ones(4, 4)), "block_mask must be bool, got float32"),
+    "q strides": (lambda: _attn(q_lat=torch.randn(2, 4, 8).transpose(0, 1)), "q_lat must be contiguous"),
+    "target dtype": (lambda: _accept([1, 2], [-1, 0], [2, 0], dtype=torch.int32), "target must be int64, got int32"),
+    "accept lengths": (lambda: _accept([1, 2], [-1, 0, 0], [2, 0]), r"tokens, parents and target must all be \[N\]"),
+    "parent order": (lambda: _accept([1, 2], [-1, 1], [2, 0]), r"parents\[1\] = 1 must be -1 or a node index below 1"),
+    "path too long": (lambda: _accept([1, 2, 3], [-1, 0, 1], [2, 3, 0]),
+                      r"accepted path is longer than max_depth \+ 1 = 2"),
+    "layers mismatch": (lambda: _compact([0, -1], kpe_layers=3), "must agree in num_layers and S"),
+    "path order": (lambda: _compact([0, 3, 2]), r"path must be increasing.*path\[1\] = 3 and path\[2\] = 2"),
+    "path beyond S": (lambda: _compact([0, 4], prefix=5),
+                      r"path\[1\] = 4 points at cache row prefix_len \+ 4 = 9, beyond S = 9"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_raise_clear_errors(case):
+    call, message = BAD_INPUTS[case]
     with pytest.raises(RuntimeError, match=message):
         call()

@@ -1,4 +1,6 @@
-"""Plotly figures of the Profile page (the per-step tree and mask figures live in profiling.figures)."""
+"""Plotly figures only the dashboard draws: kernel time per step, one step's timeline, the budget sweep.
+
+The tree, mask, acceptance and stage figures the reports share live in profiling.figures and profiling.charts."""
 from __future__ import annotations
 
 import re
@@ -52,21 +54,6 @@ def step_timeline(step: StepRecord) -> go.Figure:
     fig.update_yaxes(autorange="reversed", tickfont={"size": 10})
     fig.update_layout(xaxis_title="µs since the step started", height=max(300, 18 * len(rows) + 80),
                       margin={"t": 30, "b": 40})
-    return fig
-
-
-def acceptance(summary: dict) -> go.Figure:
-    hist, rates = summary["acceptance_histogram"], summary["per_position_acceptance"]
-    fig = make_subplots(1, 2, subplot_titles=("Steps by drafted tokens accepted", "Acceptance rate by depth"))
-    fig.add_bar(x=list(range(len(hist))), y=hist, row=1, col=1, showlegend=False,
-                hovertemplate="%{x} accepted: %{y} steps<extra></extra>")
-    fig.add_bar(x=list(range(1, len(rates) + 1)), y=rates, row=1, col=2, showlegend=False,
-                hovertemplate="depth %{x}: %{y:.0%}<extra></extra>")
-    fig.update_xaxes(title_text="drafted tokens accepted", dtick=1, row=1, col=1)
-    fig.update_xaxes(title_text="depth", dtick=1, row=1, col=2)
-    fig.update_yaxes(title_text="steps", row=1, col=1)
-    fig.update_yaxes(title_text="fraction of steps", range=[0, 1.05], tickformat=".0%", row=1, col=2)
-    fig.update_layout(height=340, margin={"t": 40, "b": 40})
     return fig
 
 

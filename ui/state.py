@@ -20,6 +20,7 @@ from engine.records import RunRecord, StepRecord
 from engine.session import decode_pair, make_decoder
 from engine.sweep import budget_sweep
 from kernels import ExtensionBuildError
+from profiling import metrics
 from profiling.timers import StepTimer
 from ui import resources
 from ui.settings import Settings, checkpoint
@@ -103,6 +104,12 @@ def advance(num_steps: int | None, on_step: Callable[[StepRecord], None] | None 
         if on_step is not None:
             on_step(record)
     return num_run
+
+
+def tau() -> float | None:
+    """profiling.metrics' tau of the decode so far (None before the first step)."""
+    decoder = st.session_state.decoder
+    return None if decoder is None else metrics.tau(decoder.record())
 
 
 def generated(max_new_tokens: int) -> list[tuple[int, int]]:

@@ -68,8 +68,9 @@ inline void check_verify_attn_args(const at::Tensor& q_lat, const at::Tensor& q_
   check_shape(kpe, 2, "kpe", "[S, P]");
   check_shape(block_mask, 2, "block_mask", "[N, N]");
   const int64_t num_nodes = q_lat.size(0);
-  TORCH_CHECK(q_pe.size(0) == num_nodes && q_pe.size(1) == q_lat.size(1), "q_pe [N, H, P] must match q_lat [N, H, R] in N and H, got q_pe ",
-              q_pe.sizes(), " and q_lat ", q_lat.sizes());
+  TORCH_CHECK(q_pe.size(0) == num_nodes && q_pe.size(1) == q_lat.size(1),
+              "q_pe [N, H, P] must match q_lat [N, H, R] in N and H, got q_pe ", q_pe.sizes(), " and q_lat ",
+              q_lat.sizes());
   TORCH_CHECK(ckv.size(1) == q_lat.size(2), "ckv [S, R] must have R = q_lat.size(2) = ", q_lat.size(2), ", got ckv ",
               ckv.sizes());
   TORCH_CHECK(kpe.size(1) == q_pe.size(2), "kpe [S, P] must have P = q_pe.size(2) = ", q_pe.size(2), ", got kpe ",

@@ -8,9 +8,9 @@
 #include <cstdint>
 
 // Returns the error of a CUDA runtime call (or of the launch just made) from the enclosing launcher.
-#define DDTREE_CUDA_TRY(expr)                  \
-  do {                                         \
-    const cudaError_t ddtree_err_ = (expr);    \
+#define DDTREE_CUDA_TRY(expr)                           \
+  do {                                                  \
+    const cudaError_t ddtree_err_ = (expr);             \
     if (ddtree_err_ != cudaSuccess) return ddtree_err_; \
   } while (0)
 
@@ -44,9 +44,9 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 // compare equal as floats) and NaN like -inf, so equal floats get equal keys. key(-inf) = 0x007fffff > 0,
 // which leaves 0 free as an "empty" sentinel below every value.
 __device__ __forceinline__ uint32_t float_key(float x) {
-  if (x != x) x = -__int_as_float(0x7f800000);  // NaN -> -inf
-  if (x == 0.0f) x = 0.0f;                      // -0.0 -> +0.0
-  const uint32_t bits = __float_as_uint(x);
+  uint32_t bits = __float_as_uint(x);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) bits = 0xff800000u;  // NaN -> -inf
+  if ((bits & 0x7fffffffu) == 0u) bits = 0u;                     // -0.0 -> +0.0
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 

@@ -1,7 +1,7 @@
 """Report: the export files of the current AR + DDTree pair, written by the same exporters as the CLI."""
 import streamlit as st
-from profiling.report import render
 
+from profiling.report import render
 from ui import state
 
 FORMATS = {

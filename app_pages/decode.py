@@ -1,7 +1,7 @@
 """Decode: step through DDTree and inspect each step's tree, mask, accepted path and timings."""
 import streamlit as st
-from profiling.figures import mask_figure, tree_figure
 
+from profiling.figures import mask_figure, tree_figure
 from ui import state, views
 
 s = state.settings()
@@ -11,14 +11,15 @@ st.caption(f"{s.model} · prompt of {len(s.prompt)} tokens · {s.drafter} drafte
 
 reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], vertical_alignment="bottom")
 num_run = n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
+finished = state.done()
+acted = False
 if reset_col.button("Reset", icon=":material/restart_alt:", width="stretch"):
     state.reset()
-finished = state.done()
-moved = False
+    acted = True
 if step_col.button("Step", type="primary", disabled=finished, width="stretch"):
-    moved = state.advance(1)
+    acted = state.advance(1)
 if run_col.button("Run N", disabled=finished, width="stretch"):
-    moved = state.advance(int(num_run))
+    acted = state.advance(int(num_run))
 if end_col.button("Run to end", disabled=finished, width="stretch"):
     bar = st.progress(0.0, text="Decoding...")
 
@@ -26,16 +27,17 @@ if end_col.button("Run to end", disabled=finished, width="stretch"):
         num_tokens = len(state.generated(s.max_new_tokens))
         bar.progress(num_tokens / s.max_new_tokens, text=f"Step {step.index}: {num_tokens}/{s.max_new_tokens} tokens")
 
-    moved = state.advance(None, on_step=show)
-    bar.empty()
+    acted = state.advance(None, on_step=show)
+if acted:  # draw the page again from the new state: buttons enabled or not, the newest step selected
+    st.session_state.inspect_step = len(state.steps()) - 1
+    st.rerun()
 
 steps = state.steps()
 tokens = state.generated(s.max_new_tokens)
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("Steps", len(steps))
 m2.metric("Tokens generated", f"{len(tokens)} / {s.max_new_tokens}")
-m3.metric("Mean committed per step (tau)",
-          f"{sum(x.num_committed for x in steps) / len(steps):.2f}" if steps else "-")
+m3.metric("Mean committed per step (tau)", views.number(state.tau(), ".2f"))
 m4.metric("Status", "done" if state.done() else ("ready" if not steps else "running"))
 if not steps:
     st.info("Press **Step** to prefill the prompt and run the first DDTree step.")
@@ -45,8 +47,8 @@ st.subheader("Committed tokens")
 st.html(views.tokens_html(tokens))
 st.caption("Coloured by the step that committed them (grey: the prefill's token). Hover a token for its step.")
 
-if moved or st.session_state.get("inspect_step", len(steps)) >= len(steps):
-    st.session_state.inspect_step = len(steps) - 1  # follow the newest step until the user picks another
+if not 0 <= st.session_state.get("inspect_step", -1) < len(steps):
+    st.session_state.inspect_step = len(steps) - 1
 index = st.selectbox("Inspect step", range(len(steps)), key="inspect_step",
                      format_func=lambda i: f"step {i}" + (" (latest)" if i == len(steps) - 1 else ""))
 step = steps[index]

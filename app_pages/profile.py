@@ -2,6 +2,7 @@
 import streamlit as st
 
 from engine.sweep import DEFAULT_BUDGETS, parse_budgets
+from profiling.charts import acceptance_figure, position_figure
 from profiling.metrics import kernel_table, summarize
 from ui import charts, state, views
 
@@ -30,7 +31,9 @@ index = st.selectbox("Timeline of step", range(run.num_steps), key="timeline_ste
 st.plotly_chart(charts.step_timeline(run.steps[index]), width="stretch")
 
 st.subheader("Acceptance (DDTree)")
-st.plotly_chart(charts.acceptance(summary), width="stretch")
+hist_col, position_col = st.columns(2)
+hist_col.plotly_chart(acceptance_figure(summary), width="stretch")
+position_col.plotly_chart(position_figure(summary), width="stretch")
 
 st.subheader("Budget sweep")
 st.caption("The same prompt decoded with DDTree at each budget B; the fastest B per generated token is starred. "

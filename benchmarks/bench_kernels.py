@@ -1,0 +1,347 @@
+"""Kernel benchmarks at Kimi-K2 shapes, each side by side with its baseline.
+
+verify_attn: ours vs the plain-torch absorbed attention (einsum scores + masked_fill + softmax + einsum) on
+the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours. tree_build: ours vs a Python heapq build
+of the same algorithm over torch.topk, and vs our CPU op on a CPU copy. tree_accept and kv_compact: ours vs
+the plain-torch references of kernels/reference.py. On CUDA, "ours" and the torch attention are timed as
+CUDA-graph replays (device time) and as eager calls (CUDA events, launch gaps included).
+
+    python -m benchmarks.bench_kernels [--device cuda|cpu] [--quick] [--out DIR]
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kernels import ops, reference
+
+from .baselines import heapq_tree_build, random_parents, visibility_of
+from .common import (
+    FULL,
+    QUICK,
+    Budget,
+    Ceilings,
+    Column,
+    markdown_table,
+    num_input_sets,
+    parse_args,
+    ratio,
+    resolve_device,
+    start_run,
+    text_table,
+    time_calls,
+    time_replays,
+    time_wall,
+    write_results,
+)
+
+# Kimi-K2 attention widths: heads, kv_lora_rank, qk_rope_head_dim; softmax scale = qk_head_dim ** -0.5
+HEADS, RANK, ROPE = 64, 512, 64
+SCALE = (128 + ROPE) ** -0.5
+CPU_FULL = Budget(warmup=2, min_reps=5, max_reps=200, target_ms=500.0)
+
+
+@dataclass(slots=True, frozen=True)
+class Grid:
+    attn_nodes: tuple[int, ...]  # N
+    attn_rows: tuple[int, ...]  # S (prefix_len = S - N)
+    vocab: int  # V
+    draft_depths: int  # L
+    build_budgets: tuple[int, ...]
+    accept_budgets: tuple[int, ...]
+    cache_layers: int
+    cache_rows: int
+
+
+def make_grid(device: torch.device, quick: bool) -> Grid:
+    if quick:
+        return Grid((1, 8), (256,), 4096, 7, (16, 64), (64,), 2, 1024)
+    if device.type == "cuda":
+        return Grid((1, 8, 32, 65, 129, 257), (1024, 4096, 16384, 32768), 163840, 15, (16, 64, 256, 1024),
+                    (64, 1024), 8, 32768)
+    return Grid((1, 8, 32, 65), (1024, 4096), 163840, 15, (16, 64, 256, 1024), (64, 1024), 8, 8192)
+
+
+@dataclass(slots=True)
+class Measured:
+    """Ours or a baseline: the headline time (graph replay on CUDA when it captures) and the eager time."""
+
+    us: float
+    eager_us: float | None
+    timings: dict
+
+
+def measure(fn: Callable[[Any], object], sets: Sequence[Any], device: torch.device, budget: Budget,
+            graph: bool = True) -> Measured:
+    if device.type != "cuda":
+        t = time_calls(fn, sets, device, budget)
+        return Measured(t.median_us, None, {"wall": t.to_dict()})
+    if not graph:  # ends on the host: wall time, device synchronised around each call
+        t = time_wall(fn, sets, device, budget)
+        return Measured(t.median_us, None, {"wall": t.to_dict()})
+    eager = time_calls(fn, sets, device, budget)
+    replay = time_replays(fn, sets, budget)
+    timings = {"events": eager.to_dict(), "graph": replay.to_dict() if replay else None}
+    return Measured(replay.median_us if replay else eager.median_us, eager.median_us, timings)
+
+
+def random_draft(depth: int, vocab: int, device: torch.device, sharpness: float) -> torch.Tensor:
+    """[depth, vocab] float32 log-probs of random logits times sharpness: the larger, the more peaked the
+    distributions and the deeper the best-first tree (a trained drafter's trees are several levels deep)."""
+    return torch.log_softmax(sharpness * torch.randn(depth, vocab, device=device), dim=-1)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64."""
+    ref = ref.double()
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+# -- verify_attn ---------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class AttnSet:
+    q_lat: torch.Tensor  # [N, H, R]
+    q_pe: torch.Tensor  # [N, H, P]
+    ckv: torch.Tensor  # [S, R]
+    kpe: torch.Tensor  # [S, P]
+    prefix_len: torch.Tensor  # 0-dim int64
+    block_mask: torch.Tensor  # [N, N] bool: a random tree's visibility
+    visible: torch.Tensor  # [N, prefix + N] bool: what the torch baseline masks with (built once, untimed)
+    prefix: int
+
+
+def attn_set(n: int, s: int, dtype: torch.dtype, device: torch.device, rng: np.random.Generator) -> AttnSet:
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    prefix = s - n
+    mask = torch.from_numpy(visibility_of(random_parents(n, rng))).to(device)
+    visible = torch.cat([torch.ones(n, prefix, dtype=torch.bool, device=device), mask], dim=1)
+    return AttnSet(randn(n, HEADS, RANK), randn(n, HEADS, ROPE), randn(s, RANK), randn(s, ROPE),
+                   torch.tensor(prefix, device=device), mask, visible, prefix)
+
+
+def torch_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain-torch absorbed attention verify_attn replaces; softmax in float32 (float64 for float64 inputs)."""
+    rows = a.prefix + a.q_lat.shape[0]
+    kv, pe = a.ckv[:rows], a.kpe[:rows]
+    scores = torch.einsum("nhr,sr->nhs", a.q_lat, kv) + torch.einsum("nhp,sp->nhs", a.q_pe, pe)  # [N, H, rows]
+    scores = scores.to(torch.promote_types(kv.dtype, torch.float32)) * SCALE
+    scores = scores.masked_fill(~a.visible[:, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [N, H]
+    probs = torch.exp(scores - lse[..., None])
+    return torch.einsum("nhs,sr->nhr", probs.to(kv.dtype), kv), lse
+
+
+def float64_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference both are checked against: the same formula on float64 copies, on the same device."""
+    q_lat, q_pe, ckv, kpe = (x.double() for x in (a.q_lat, a.q_pe, a.ckv, a.kpe))
+    return torch_attention(AttnSet(q_lat, q_pe, ckv, kpe, a.prefix_len, a.block_mask, a.visible, a.prefix))
+
+
+def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
+    return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
+
+
+def attn_cost(n: int, s: int, itemsize: int, num_visible_block: int) -> tuple[int, int]:
+    """Fewest bytes (cache rows, q read once; o_lat, lse written once) and FLOPs (QK^T over R+P, PV over R)."""
+    num_bytes = s * (RANK + ROPE) * itemsize + n * HEADS * (2 * RANK + ROPE) * itemsize + n * HEADS * 4 + n * n
+    pairs = n * (s - n) + num_visible_block  # (node, row) pairs attended
+    return num_bytes, 2 * HEADS * pairs * (RANK + ROPE) + 2 * HEADS * pairs * RANK
+
+
+def bench_verify_attn(g: Grid, device: torch.device, dtype: torch.dtype, budget: Budget, ceil: Ceilings,
+                      rng: np.random.Generator) -> list[dict]:
+    rows = []
+    for s in g.attn_rows:
+        for n in g.attn_nodes:
+            one = attn_set(n, s, dtype, device, rng)
+            num_bytes, flops = attn_cost(n, s, dtype.itemsize, int(one.block_mask.sum()))
+            sets = [one] + [attn_set(n, s, dtype, device, rng) for _ in range(num_input_sets(num_bytes) - 1)]
+            ref_o, ref_lse = float64_attention(one)
+            o, lse = ours_attention(one)
+            err_ours, lse_err = rel_err(o, ref_o), float((lse.double() - ref_lse).abs().max())
+            err_torch = rel_err(torch_attention(one)[0], ref_o)
+            del ref_o, ref_lse, o, lse
+            ours = measure(ours_attention, sets, device, budget)
+            base = measure(torch_attention, sets, device, budget)
+            floor_us = ceil.floor_us(num_bytes, flops)
+            rows.append({
+                "N": n, "S": s, "prefix_len": s - n, "dtype": str(dtype).removeprefix("torch."),
+                "ours_us": ours.us, "torch_us": base.us, "speedup": ratio(base.us, ours.us),
+                "ours_eager_us": ours.eager_us, "torch_eager_us": base.eager_us,
+                "speedup_eager": ratio(base.eager_us, ours.eager_us),
+                "ours_tbps": num_bytes / ours.us / 1e6, "ours_tflops": flops / ours.us / 1e6,
+                "torch_tflops": flops / base.us / 1e6, "floor_us": floor_us,
+                "ours_roofline": floor_us / ours.us, "torch_roofline": floor_us / base.us,
+                "bytes": num_bytes, "flops": flops, "flop_per_byte": flops / num_bytes,
+                "err_ours": err_ours, "err_torch": err_torch, "lse_max_abs_err_ours": lse_err,
+                "num_sets": len(sets), "timings": {"ours": ours.timings, "torch": base.timings},
+            })
+            print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us", flush=True)
+            del sets, one
+    return rows
+
+
+ATTN_COLUMNS = [
+    Column("N", "N", "{}"), Column("S", "S", "{}"), Column("ours_us", "ours us", "{:.1f}"),
+    Column("torch_us", "torch us", "{:.1f}"), Column("speedup", "torch/ours", "{:.2f}"),
+    Column("ours_tbps", "ours TB/s", "{:.2f}"), Column("ours_tflops", "ours TFLOP/s", "{:.1f}"),
+    Column("ours_roofline", "ours roofline", "{:.0%}"), Column("torch_tflops", "torch TFLOP/s", "{:.1f}"),
+    Column("torch_roofline", "torch roofline", "{:.0%}"), Column("ours_eager_us", "ours eager us", "{:.1f}"),
+    Column("torch_eager_us", "torch eager us", "{:.1f}"), Column("err_ours", "err ours", "{:.1e}"),
+    Column("err_torch", "err torch", "{:.1e}"),
+]
+
+
+# -- tree_build ----------------------------------------------------------------------------------------------
+
+def bench_tree_build(g: Grid, device: torch.device, budget: Budget, ceil: Ceilings,
+                     rng: np.random.Generator) -> list[dict]:
+    set_bytes = g.draft_depths * g.vocab * 4
+    num_sets = num_input_sets(set_bytes, max_sets=32)
+    drafts = [random_draft(g.draft_depths, g.vocab, device, sharpness=4.0) for _ in range(num_sets)]
+    cpu_drafts = [d.cpu() for d in drafts]
+    root_id = int(rng.integers(g.vocab))
+    root, cpu_root = torch.tensor(root_id, device=device), torch.tensor(root_id)
+    rows = []
+    for b in g.build_budgets:
+        k = min(b, g.vocab)
+        ours_tree = ops.tree_build(drafts[0], root, b)
+        base_tree = heapq_tree_build(drafts[0], root_id, b)
+        match = all(np.array_equal(x.cpu().numpy(), y) for x, y in zip(ours_tree, base_tree, strict=True))
+        ours = measure(lambda d, b=b: ops.tree_build(d, root, b), drafts, device, budget)
+        topk = measure(lambda d, k=k: torch.topk(d, k, dim=-1), drafts, device, budget)
+        heap = measure(lambda d, b=b: heapq_tree_build(d, root_id, b), drafts, device, budget, graph=False)
+        cpu_op = (measure(lambda d, b=b: ops.tree_build(d, cpu_root, b), cpu_drafts, torch.device("cpu"), budget)
+                  if device.type == "cuda" else None)
+        floor_us = ceil.floor_us(set_bytes, 0)
+        rows.append({
+            "B": b, "V": g.vocab, "L": g.draft_depths, "ours_us": ours.us, "ours_eager_us": ours.eager_us,
+            "topk_us": topk.us, "heapq_us": heap.us, "cpu_op_us": cpu_op.us if cpu_op else None,
+            "heapq_over_ours": ratio(heap.us, ours.us),
+            "cpu_op_over_ours": ratio(cpu_op.us, ours.us) if cpu_op else None,
+            "floor_us": floor_us, "ours_roofline": floor_us / ours.us, "match_heapq": match,
+            "num_sets": len(drafts),
+            "timings": {"ours": ours.timings, "topk": topk.timings, "heapq": heap.timings,
+                        "cpu_op": cpu_op.timings if cpu_op else None},
+        })
+        print(f"  tree_build B={b:5d}: ours {ours.us:9.1f} us  heapq {heap.us:9.1f} us", flush=True)
+    return rows
+
+
+BUILD_COLUMNS = [
+    Column("B", "B", "{}"), Column("ours_us", "ours us", "{:.1f}"), Column("topk_us", "torch.topk us", "{:.1f}"),
+    Column("heapq_us", "heapq us", "{:.1f}"), Column("heapq_over_ours", "heapq/ours", "{:.1f}"),
+    Column("cpu_op_us", "CPU op us", "{:.1f}"), Column("cpu_op_over_ours", "CPU op/ours", "{:.1f}"),
+    Column("ours_eager_us", "ours eager us", "{:.1f}"), Column("ours_roofline", "ours roofline", "{:.1%}"),
+    Column("match_heapq", "same tree", "{}"),
+]
+
+
+# -- tree_accept and kv_compact ------------------------------------------------------------------------------
+
+def accept_set(b: int, depth: int, device: torch.device, rng: np.random.Generator) -> tuple[torch.Tensor, ...]:
+    """A best-first tree of b + 1 nodes and targets that accept down the first children to a leaf (the
+    longest walk)."""
+    draft = random_draft(depth, 4096, torch.device("cpu"), sharpness=6.0)
+    tokens, parents, *_ = heapq_tree_build(draft, int(rng.integers(4096)), b)
+    target = rng.integers(4096, size=b + 1)
+    for c in range(len(parents) - 1, 0, -1):  # children after parents: the lowest index child wins
+        if parents[c] >= 0:
+            target[parents[c]] = tokens[c]
+    return tuple(torch.from_numpy(np.asarray(x, dtype=np.int64)).to(device) for x in (tokens, parents, target))
+
+
+def bench_tree_accept(g: Grid, device: torch.device, budget: Budget, rng: np.random.Generator) -> list[dict]:
+    rows = []
+    for b in g.accept_budgets:
+        sets = [accept_set(b, g.draft_depths, device, rng) for _ in range(8)]  # tiny inputs: L2 cannot be avoided
+        got = ops.tree_accept(*sets[0], g.draft_depths)
+        want = reference.tree_accept(*sets[0], g.draft_depths)
+        match = all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(got, want, strict=True))
+        ours = measure(lambda s: ops.tree_accept(*s, g.draft_depths), sets, device, budget)
+        ref = measure(lambda s: reference.tree_accept(*s, g.draft_depths), sets, device, budget, graph=False)
+        rows.append({"B": b, "L": g.draft_depths, "path_len": int(got.path_len), "ours_us": ours.us,
+                     "ours_eager_us": ours.eager_us, "ref_us": ref.us, "ref_over_ours": ratio(ref.us, ours.us),
+                     "match_ref": match, "num_sets": len(sets),
+                     "timings": {"ours": ours.timings, "ref": ref.timings}})
+    return rows
+
+
+def bench_kv_compact(g: Grid, device: torch.device, dtype: torch.dtype, budget: Budget, ceil: Ceilings,
+                     rng: np.random.Generator) -> list[dict]:
+    ckv = torch.randn(g.cache_layers, g.cache_rows, RANK, device=device, dtype=dtype)  # [layers, S, R]
+    kpe = torch.randn(g.cache_layers, g.cache_rows, ROPE, device=device, dtype=dtype)  # [layers, S, P]
+    path_len = g.draft_depths + 1  # a fully accepted path: the most rows to move
+    moved_bytes = 2 * path_len * g.cache_layers * (RANK + ROPE) * dtype.itemsize  # each row read and written
+
+    def make_set(b: int) -> tuple[torch.Tensor, torch.Tensor]:  # prefix_len, path into the b + 1 tree rows
+        prefix = int(rng.integers(0, g.cache_rows - b - 1))
+        path = np.concatenate([[0], np.sort(rng.choice(np.arange(1, b + 1), path_len - 1, replace=False))])
+        return torch.tensor(prefix, device=device), torch.from_numpy(path).to(device)
+
+    rows = []
+    for b in g.accept_budgets:
+        sets = [make_set(b) for _ in range(num_input_sets(moved_bytes))]
+        mine, theirs = (ckv.clone(), kpe.clone()), (ckv.clone(), kpe.clone())
+        ops.kv_compact(*mine, *sets[0])
+        reference.kv_compact(*theirs, *sets[0])
+        match = torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
+        del mine, theirs
+        ours = measure(lambda s: ops.kv_compact(ckv, kpe, *s), sets, device, budget)
+        ref = measure(lambda s: reference.kv_compact(ckv, kpe, *s), sets, device, budget, graph=False)
+        floor_us = ceil.floor_us(moved_bytes, 0)
+        rows.append({"B": b, "num_layers": g.cache_layers, "S": g.cache_rows, "path_len": path_len,
+                     "dtype": str(dtype).removeprefix("torch."), "ours_us": ours.us, "ours_eager_us": ours.eager_us,
+                     "ref_us": ref.us, "ref_over_ours": ratio(ref.us, ours.us), "bytes": moved_bytes,
+                     "ours_tbps": moved_bytes / ours.us / 1e6, "floor_us": floor_us,
+                     "ours_roofline": floor_us / ours.us, "match_ref": match, "num_sets": len(sets),
+                     "timings": {"ours": ours.timings, "ref": ref.timings}})
+    return rows
+
+
+SMALL_COLUMNS = [
+    Column("B", "B", "{}"), Column("path_len", "path", "{}"), Column("ours_us", "ours us", "{:.1f}"),
+    Column("ref_us", "reference us", "{:.1f}"), Column("ref_over_ours", "reference/ours", "{:.1f}"),
+    Column("ours_eager_us", "ours eager us", "{:.1f}"), Column("ours_tbps", "ours TB/s", "{:.3f}"),
+    Column("match_ref", "same result", "{}"),
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args("ddtree kernel benchmarks at Kimi-K2 shapes, each against its baseline", argv)
+    device = resolve_device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    budget = QUICK if args.quick else (FULL if device.type == "cuda" else CPU_FULL)
+    info = start_run("bench_kernels", "benchmarks.bench_kernels", argv, device, dtype, args.quick)
+    grid = make_grid(device, args.quick)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    results = {"grid": asdict(grid), "attention": {"heads": HEADS, "kv_lora_rank": RANK, "rope_dim": ROPE,
+                                                   "scale": SCALE}}
+    tables = {}
+    sections = [
+        ("verify_attn", ATTN_COLUMNS, lambda: bench_verify_attn(grid, device, dtype, budget, info.ceilings, rng)),
+        ("tree_build", BUILD_COLUMNS, lambda: bench_tree_build(grid, device, budget, info.ceilings, rng)),
+        ("tree_accept", SMALL_COLUMNS, lambda: bench_tree_accept(grid, device, budget, rng)),
+        ("kv_compact", SMALL_COLUMNS, lambda: bench_kv_compact(grid, device, dtype, budget, info.ceilings, rng)),
+    ]
+    for name, columns, run in sections:
+        results[name] = run()
+        print(f"\n{name}\n{text_table(results[name], columns)}\n", flush=True)
+        tables[name] = markdown_table(results[name], columns)
+    json_path, md_path = write_results(args.out, f"kernels-{device.type}", info, results, tables)
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+// CUDA implementations of the ddtree ops (schemas: ../ops.cpp; contracts: kernels/ops.py).
+//
+// The one file here that includes torch: it checks the arguments (metadata only, never values, so no host
+// sync), guards the device, takes the current stream, allocates outputs and workspaces through the
+// caching allocator, dispatches float32 / bfloat16 and turns a failed launch into an error naming the op.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+
+#include "../checks.h"
+#include "kv_compact.cuh"
+#include "tree_accept.cuh"
+#include "tree_build.cuh"
+#include "verify_attn.cuh"
+
+namespace ddtree::cuda {
+namespace {
+
+void check_on_cuda(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.is_cuda(), op, " (CUDA): ", name, " must be a CUDA tensor, got one on ", t.device(),
+              "; move all arguments of the op to one GPU");
+}
+
+void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, " (CUDA): kernel launch failed: ", cudaGetErrorName(err), " (",
+              cudaGetErrorString(err), ")");
+}
+
+int as_int(int64_t value, const char* op, const char* what) {
+  TORCH_CHECK(value <= std::numeric_limits<int>::max(), op, " (CUDA): ", what, " = ", value,
+              " is too large for the kernel (at most ", std::numeric_limits<int>::max(), ")");
+  return static_cast<int>(value);
+}
+
+at::Tensor workspace(const at::Tensor& like, size_t bytes) {
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_build(
+    const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
+  constexpr const char* op = "tree_build";
+  check_tree_build_args(draft_logprobs, root_token, budget);
+  check_on_cuda(draft_logprobs, op, "draft_logprobs");
+  const int num_depths = as_int(draft_logprobs.size(0), op, "L (draft_logprobs.size(0))");
+  const int64_t vocab = draft_logprobs.size(1);
+  const int num_nodes = static_cast<int>(budget) + 1;
+  TORCH_CHECK(std::min<int64_t>(num_depths, budget) <= kTreeBuildMaxDepth, op,
+              " (CUDA): a tree of budget ", budget, " over L = ", num_depths, " draft positions reaches depth ",
+              std::min<int64_t>(num_depths, budget), "; the kernel handles at most ", kTreeBuildMaxDepth,
+              ": draft fewer positions or use the CPU op");
+  TORCH_CHECK(vocab <= TreeBuildMaxVocab(static_cast<int>(budget)), op, " (CUDA): vocabulary V = ", vocab,
+              " is above the kernel's limit of ", TreeBuildMaxVocab(static_cast<int>(budget)), " at budget ", budget,
+              ": lower the budget or use the CPU op");
+
+  const c10::cuda::CUDAGuard guard(draft_logprobs.device());
+  const auto long_opts = draft_logprobs.options().dtype(at::kLong);
+  at::Tensor tokens = at::empty({num_nodes}, long_opts);
+  at::Tensor parents = at::empty({num_nodes}, long_opts);
+  at::Tensor depths = at::empty({num_nodes}, long_opts);
+  at::Tensor ranks = at::empty({num_nodes}, long_opts);
+  at::Tensor scores = at::empty({num_nodes}, draft_logprobs.options());
+  at::Tensor visibility = at::empty({num_nodes, num_nodes}, draft_logprobs.options().dtype(at::kBool));
+  at::Tensor ws = workspace(draft_logprobs, TreeBuildWorkspaceBytes(num_depths, static_cast<int>(vocab),
+                                                                    static_cast<int>(budget)));
+  TreeBuildArgs args{};
+  args.draft_logprobs = draft_logprobs.const_data_ptr<float>();
+  args.root_token = root_token.const_data_ptr<int64_t>();
+  args.num_depths = num_depths;
+  args.vocab = static_cast<int>(vocab);
+  args.budget = static_cast<int>(budget);
+  args.workspace = ws.mutable_data_ptr();
+  args.tokens = tokens.mutable_data_ptr<int64_t>();
+  args.parents = parents.mutable_data_ptr<int64_t>();
+  args.depths = depths.mutable_data_ptr<int64_t>();
+  args.ranks = ranks.mutable_data_ptr<int64_t>();
+  args.scores = scores.mutable_data_ptr<float>();
+  args.visibility = visibility.mutable_data_ptr<bool>();
+  check_launch(TreeBuild(args, c10::cuda::getCurrentCUDAStream()), op);
+  return {tokens, parents, depths, ranks, scores, visibility};
+}
+
+template <typename T>
+cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
+                               const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& block_mask,
+                               double scale, at::Tensor& o_lat, at::Tensor& lse) {
+  VerifyAttnArgs<T> args{};
+  args.q_lat = static_cast<const T*>(q_lat.const_data_ptr());
+  args.q_pe = static_cast<const T*>(q_pe.const_data_ptr());
+  args.ckv = static_cast<const T*>(ckv.const_data_ptr());
+  args.kpe = static_cast<const T*>(kpe.const_data_ptr());
+  args.prefix_len = prefix_len.const_data_ptr<int64_t>();
+  args.block_mask = block_mask.const_data_ptr<bool>();
+  args.num_nodes = static_cast<int>(q_lat.size(0));
+  args.num_heads = static_cast<int>(q_lat.size(1));
+  args.lat_dim = static_cast<int>(q_lat.size(2));
+  args.rope_dim = static_cast<int>(q_pe.size(2));
+  args.cache_rows = static_cast<int>(ckv.size(0));
+  args.scale = static_cast<float>(scale);
+  int num_sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q_lat.get_device()));
+  args.num_splits = VerifyAttnNumSplits(args.num_nodes, args.num_heads, args.cache_rows, num_sms);
+  const at::Tensor ws =
+      workspace(q_lat, VerifyAttnWorkspaceBytes(args.num_nodes, args.num_heads, args.lat_dim, args.num_splits));
+  args.workspace = args.num_splits > 1 ? static_cast<float*>(ws.mutable_data_ptr()) : nullptr;
+  args.o_lat = static_cast<T*>(o_lat.mutable_data_ptr());
+  args.lse = lse.mutable_data_ptr<float>();
+  return VerifyAttn<T>(args, c10::cuda::getCurrentCUDAStream());
+}
+
+std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
+                                               const at::Tensor& kpe, const at::Tensor& prefix_len,
+                                               const at::Tensor& block_mask, double scale) {
+  constexpr const char* op = "verify_attn";
+  check_verify_attn_args(q_lat, q_pe, ckv, kpe, prefix_len, block_mask);
+  check_on_cuda(q_lat, op, "q_lat");
+  TORCH_CHECK(q_lat.size(2) >= 1 && q_lat.size(2) <= kVerifyAttnMaxLatDim, op, " (CUDA): R = q_lat.size(2) = ",
+              q_lat.size(2), " must be in [1, ", kVerifyAttnMaxLatDim, "] (kv_lora_rank)");
+  TORCH_CHECK(q_pe.size(2) <= kVerifyAttnMaxRopeDim, op, " (CUDA): P = q_pe.size(2) = ", q_pe.size(2),
+              " must be at most ", kVerifyAttnMaxRopeDim, " (qk_rope_head_dim)");
+  TORCH_CHECK(q_lat.size(0) <= kVerifyAttnMaxNodes, op, " (CUDA): N = q_lat.size(0) = ", q_lat.size(0),
+              " must be at most ", kVerifyAttnMaxNodes, " nodes per call");
+  as_int(q_lat.size(1), op, "H (q_lat.size(1))");
+  as_int(ckv.size(0), op, "S (ckv.size(0))");
+
+  const c10::cuda::CUDAGuard guard(q_lat.device());
+  at::Tensor o_lat = at::empty_like(q_lat);
+  at::Tensor lse = at::empty({q_lat.size(0), q_lat.size(1)}, q_lat.options().dtype(at::kFloat));
+  const cudaError_t err =
+      q_lat.scalar_type() == at::kFloat
+          ? launch_verify_attn<float>(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse)
+          : launch_verify_attn<__nv_bfloat16>(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse);
+  check_launch(err, op);
+  return {o_lat, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_accept(const at::Tensor& tokens, const at::Tensor& parents,
+                                                           const at::Tensor& target, int64_t max_depth) {
+  constexpr const char* op = "tree_accept";
+  check_tree_accept_args(tokens, parents, target, max_depth);
+  check_on_cuda(tokens, op, "tokens");
+  TORCH_CHECK(tokens.size(0) <= kTreeAcceptMaxNodes, op, " (CUDA): N = ", tokens.size(0), " nodes is above the ",
+              "kernel's limit of ", kTreeAcceptMaxNodes);
+  const int path_size = as_int(max_depth + 1, op, "max_depth + 1");
+
+  const c10::cuda::CUDAGuard guard(tokens.device());
+  at::Tensor path = at::empty({path_size}, tokens.options());
+  at::Tensor path_len = at::empty({}, tokens.options());
+  at::Tensor bonus = at::empty({}, tokens.options());
+  TreeAcceptArgs args{};
+  args.tokens = tokens.const_data_ptr<int64_t>();
+  args.parents = parents.const_data_ptr<int64_t>();
+  args.target = target.const_data_ptr<int64_t>();
+  args.num_nodes = static_cast<int>(tokens.size(0));
+  args.max_depth = path_size - 1;
+  args.path = path.mutable_data_ptr<int64_t>();
+  args.path_len = path_len.mutable_data_ptr<int64_t>();
+  args.bonus = bonus.mutable_data_ptr<int64_t>();
+  check_launch(TreeAccept(args, c10::cuda::getCurrentCUDAStream()), op);
+  return {path, path_len, bonus};
+}
+
+void kv_compact(const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& path) {
+  constexpr const char* op = "kv_compact";
+  check_kv_compact_args(ckv, kpe, prefix_len, path);
+  check_on_cuda(ckv, op, "ckv");
+  TORCH_CHECK(ckv.size(0) <= 65535, op, " (CUDA): num_layers = ckv.size(0) = ", ckv.size(0),
+              " is above the kernel's limit of 65535");
+
+  const c10::cuda::CUDAGuard guard(ckv.device());
+  KvCompactArgs args{};
+  args.ckv = ckv.mutable_data_ptr();
+  args.kpe = kpe.mutable_data_ptr();
+  args.num_layers = static_cast<int>(ckv.size(0));
+  args.cache_rows = as_int(ckv.size(1), op, "S (ckv.size(1))");
+  args.ckv_row_bytes = as_int(ckv.size(2) * static_cast<int64_t>(ckv.element_size()), op, "ckv row bytes");
+  args.kpe_row_bytes = as_int(kpe.size(2) * static_cast<int64_t>(kpe.element_size()), op, "kpe row bytes");
+  args.prefix_len = prefix_len.const_data_ptr<int64_t>();
+  args.path = path.const_data_ptr<int64_t>();
+  args.path_size = as_int(path.size(0), op, "path.size(0)");
+  check_launch(KvCompact(args, c10::cuda::getCurrentCUDAStream()), op);
+}
+
+}  // namespace
+}  // namespace ddtree::cuda
+
+TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
+  m.impl("tree_build", &ddtree::cuda::tree_build);
+  m.impl("verify_attn", &ddtree::cuda::verify_attn);
+  m.impl("tree_accept", &ddtree::cuda::tree_accept);
+  m.impl("kv_compact", &ddtree::cuda::kv_compact);
+}

@@ -1,0 +1,48 @@
+// Best-first draft tree on the GPU (contract: kernels/ops.py), with no host round trip.
+//
+// Three launches on one stream:
+//   1. top-k per (row, vocabulary chunk): radix select in shared memory -> the chunk's k best keys;
+//   2. per row: radix select over the chunks' candidates, bitonic sort -> top k tokens and logprobs;
+//   3. one block: the best-first pops (warp 0) while the other warps clear the visibility matrix, then
+//      the outputs and each node's visibility row (its ancestors and itself).
+// Candidates are ordered by a 64-bit key, (order-preserving float key << 32) | ~token, so ties go to the
+// lower token as in the CPU op, and the heap's total order (score, then lower depth, rank, parent) is one
+// 64-bit key too. The result equals the CPU op's, ties included. Where the CPU op rejects NaN, this one
+// cannot raise without a host sync: a NaN logprob orders like -inf.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ddtree::cuda {
+
+constexpr int kTreeBuildMaxBudget = 1024;
+// Rows of draft_logprobs a tree can reach, min(L, budget): their top-k logprobs sit in shared memory.
+constexpr int kTreeBuildMaxDepth = 32;
+
+struct TreeBuildArgs {
+  const float* draft_logprobs;  // [L, V]
+  const int64_t* root_token;    // 0-dim, on the device
+  int num_depths;               // L
+  int vocab;                    // V
+  int budget;                   // B
+  void* workspace;              // TreeBuildWorkspaceBytes(L, V, B) bytes
+  int64_t* tokens;              // [B+1]
+  int64_t* parents;             // [B+1]
+  int64_t* depths;              // [B+1]
+  int64_t* ranks;               // [B+1]
+  float* scores;                // [B+1]
+  bool* visibility;             // [B+1, B+1]
+};
+
+// The largest vocabulary the top-k stages handle for this budget (the chunk and candidate buffers live in
+// shared memory); 524288 at budget 1024, more for smaller budgets.
+int64_t TreeBuildMaxVocab(int budget);
+
+size_t TreeBuildWorkspaceBytes(int num_depths, int vocab, int budget);
+
+cudaError_t TreeBuild(const TreeBuildArgs& args, cudaStream_t stream);
+
+}  // namespace ddtree::cuda

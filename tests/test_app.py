@@ -1,0 +1,266 @@
+"""The dashboard under streamlit.testing.v1.AppTest: every page, button and control, asserting on what is shown
+against what the engine computes for the same settings."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import random
+import re
+import tempfile
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from engine.config import DTYPES, DecodeConfig
+from engine.kdtr import read_kdtr
+from engine.session import decode
+from engine.sweep import DEFAULT_BUDGETS
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "refs" / "model_tiny.kdtr"
+TIMEOUT = 600  # the first run in a fresh checkout builds the kernels
+
+
+def start() -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def run(at: AppTest) -> AppTest:
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def press(at: AppTest, label: str) -> AppTest:
+    next(b for b in at.button if b.label == label).click()
+    return run(at)
+
+
+def shown_tokens(at: AppTest) -> list[int]:
+    return [int(t) for t in re.findall(r">(\d+)</span>", at.html[0].value)]
+
+
+def plotly_specs(at: AppTest) -> list[str]:
+    return [el.proto.spec for el in at.main.get("plotly_chart")]
+
+
+def engine_tokens(ckpt, prompt: list[int], cfg: DecodeConfig) -> list[int]:
+    return decode(ckpt, prompt, cfg, "ar").tokens
+
+
+def test_decode_page_steps_shows_trees_and_matches_ar(tiny_checkpoint):
+    at = start()
+    assert metric(at, "Steps") == "0" and metric(at, "Status") == "ready"
+    budget, block_size = random.randint(3, 40), random.randint(3, 5)  # >= 5 steps for 24 tokens
+    at.sidebar.number_input(key="budget").set_value(budget)
+    at.sidebar.number_input(key="block_size").set_value(block_size)
+    run(at)
+    specs = []
+    for num_steps in (1, 2):
+        press(at, "Step")
+        assert metric(at, "Steps") == str(num_steps)
+        assert any(f"tree of **{budget + 1} nodes**" in v for v in at.markdown.values)
+        specs.append(plotly_specs(at))
+        assert len(specs[-1]) == 2  # the tree and the mask
+    assert specs[0] != specs[1], "the figures follow the newest step"
+
+    at.number_input(key="run_n").set_value(2)
+    press(at, "Run N")
+    decoder = at.session_state["decoder"]
+    assert metric(at, "Steps") == "4" and len(decoder.steps) == 4
+
+    press(at, "Run to end")
+    cfg = DecodeConfig(budget=budget, block_size=block_size)
+    prompt = tiny_checkpoint.prompt.tolist()
+    expected = engine_tokens(tiny_checkpoint, prompt, cfg)
+    assert metric(at, "Status") == "done"
+    assert metric(at, "Tokens generated") == f"{cfg.max_new_tokens} / {cfg.max_new_tokens}"
+    assert shown_tokens(at) == expected, "the committed tokens are the AR tokens (greedy-exact)"
+    assert all(not b.disabled for b in at.button if b.label == "Reset")
+    assert all(b.disabled for b in at.button if b.label in ("Step", "Run N", "Run to end"))
+    steps = at.session_state["decoder"].steps
+    tau = sum(s.num_committed for s in steps) / len(steps)
+    assert metric(at, "Mean committed per step (tau)") == f"{tau:.2f}"
+    assert 1 <= tau <= block_size
+
+    first = 0
+    at.selectbox(key="inspect_step").set_value(first)
+    run(at)
+    assert any(v.startswith(f"Step {first}: tree of") for v in at.markdown.values)
+    assert metric(at, "Tokens committed") == str(steps[first].num_committed)
+    assert metric(at, "Drafted tokens accepted") == str(steps[first].num_accepted)
+    stages = at.dataframe[0].value
+    assert {"draft", "tree_build", "verify", "tree_accept", "kv_compact"} <= set(stages["stage"])
+
+    press(at, "Reset")
+    assert metric(at, "Steps") == "0" and metric(at, "Status") == "ready"
+
+
+@pytest.mark.parametrize("key, new_value, field", [
+    ("noise", 0.35, "noise"), ("seed", 7, "seed"), ("budget", 9, "budget"), ("block_size", 4, "block_size"),
+    ("max_new_tokens", 10, "max_new_tokens"), ("dtype", "bfloat16", "dtype")])
+def test_changing_a_setting_resets_and_says_so(key, new_value, field):
+    at = start()
+    press(at, "Step")
+    assert metric(at, "Steps") == "1"
+    widget = next(w for w in (*at.sidebar.slider, *at.sidebar.number_input, *at.sidebar.selectbox) if w.key == key)
+    old = widget.value
+    widget.set_value(new_value)
+    run(at)
+    assert metric(at, "Steps") == "0"
+    notice = at.info[0].value
+    assert f"{field} {old} -> {new_value}" in notice and "reset" in notice
+    press(at, "Run to end")
+    assert metric(at, "Status") == "done"
+    settings = at.session_state["settings"]
+    assert getattr(settings, field) == new_value
+    n = settings.max_new_tokens
+    assert metric(at, "Tokens generated") == f"{n} / {n}"
+    run(at)
+    assert not at.info, "the notice is shown once, on the run that reset"
+
+
+def test_sidebar_offers_cuda_only_when_available_and_every_dtype():
+    at = start()
+    assert at.sidebar.selectbox(key="device").options == (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    assert at.sidebar.selectbox(key="dtype").options == list(DTYPES)
+    assert at.sidebar.selectbox(key="drafter").options == ["oracle"]
+
+
+def test_typed_prompt_is_validated_and_used(tiny_checkpoint):
+    at = start()
+    at.sidebar.radio(key="prompt_source").set_value("token ids")
+    run(at)
+    assert "the prompt is empty" in at.sidebar.error[0].value
+    at.sidebar.text_input(key="prompt_text").set_value("3, x, 5")
+    run(at)
+    assert "'x'" in at.sidebar.error[0].value
+    assert "valid prompt" in at.warning[0].value
+    assert not at.button, "no decode without a valid prompt"
+    vocab = tiny_checkpoint.config.vocab_size
+    at.sidebar.text_input(key="prompt_text").set_value(f"1 {vocab}")
+    run(at)
+    assert f"[0, {vocab})" in at.sidebar.error[0].value
+    prompt = [random.randrange(vocab) for _ in range(random.randint(1, 6))]
+    at.sidebar.text_input(key="prompt_text").set_value(", ".join(map(str, prompt)))
+    run(at)
+    assert not at.sidebar.error
+    press(at, "Run to end")
+    assert shown_tokens(at) == engine_tokens(tiny_checkpoint, prompt, DecodeConfig())
+
+
+def test_corrupt_upload_shows_the_loaders_error_and_the_app_keeps_working():
+    at = start()
+    press(at, "Step")
+    good = FIXTURE.read_bytes()
+    for name, data in (("noise.kdtr", os.urandom(random.randint(0, 4000))),
+                       ("truncated.kdtr", good[: random.randint(8, len(good) - 1)])):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "upload.kdtr"
+            path.write_bytes(data)
+            with pytest.raises(ValueError) as loader_error:
+                read_kdtr(path)
+        at.sidebar.file_uploader[0].upload(name, data)
+        run(at)
+        error = at.sidebar.error[0].value
+        assert error.startswith(f"{name} was not loaded: ") and "Still using model_tiny.kdtr" in error
+        assert str(loader_error.value).replace(str(path), name) in error
+        assert at.sidebar.selectbox(key="model").value == "model_tiny.kdtr"
+        assert metric(at, "Steps") == "1", "the decode in progress is kept"
+        at.sidebar.file_uploader[0].clear()
+        run(at)
+    press(at, "Step")
+    assert metric(at, "Steps") == "2"
+
+    at.sidebar.file_uploader[0].upload("copy.kdtr", good)
+    run(at)
+    assert not at.sidebar.error
+    model = at.sidebar.selectbox(key="model")
+    assert model.value.startswith("copy.kdtr (") and model.options[0] == "model_tiny.kdtr"
+    assert metric(at, "Steps") == "0" and "model model_tiny.kdtr -> copy.kdtr" in at.info[0].value
+    press(at, "Step")
+    assert metric(at, "Steps") == "1"
+
+
+def test_two_tabs_do_not_share_state():
+    first, second = start(), start()
+    press(first, "Step")
+    press(first, "Step")
+    assert metric(second, "Steps") == "0"
+    second.sidebar.number_input(key="budget").set_value(5)
+    press(run(second), "Step")
+    run(first)
+    assert metric(first, "Steps") == "2" and metric(second, "Steps") == "1"
+    assert first.session_state["settings"].budget != second.session_state["settings"].budget
+    assert first.session_state["decoder"] is not second.session_state["decoder"]
+
+
+def test_profile_page_tables_charts_and_sweep():
+    at = start()
+    run(at.switch_page("app_pages/profile.py"))
+    ar, dd = at.session_state["pair"]
+    assert metric(at, "tau (tokens per DDTree step)") == f"{sum(s.num_committed for s in dd.steps) / dd.num_steps:.2f}"
+    assert float(metric(at, "Speedup").removesuffix("x")) > 0
+    table = at.dataframe[0].value
+    assert table["count"].max() == dd.num_steps and "verify_attn" in " ".join(table["range"])
+    assert len(plotly_specs(at)) == 4  # kernel bars, step timeline, acceptance histogram, per-position
+
+    at.radio(key="profile_run").set_value("AR")
+    run(at)
+    assert at.dataframe[0].value["count"].max() == ar.num_steps
+    last = ar.num_steps - 1
+    before = plotly_specs(at)[1]
+    at.selectbox(key="timeline_step").set_value(last)
+    run(at)
+    assert plotly_specs(at)[1] != before, "the timeline shows the chosen step"
+
+    assert at.text_input(key="sweep_budgets").value == ", ".join(map(str, DEFAULT_BUDGETS))
+    at.text_input(key="sweep_budgets").set_value("4, x")
+    press(at, "Run sweep")
+    assert "'x'" in at.error[0].value
+    budgets = sorted(random.sample(range(1, 17), 2))
+    at.text_input(key="sweep_budgets").set_value(" ".join(map(str, budgets)))
+    press(at, "Run sweep")
+    rows = at.dataframe[1].value
+    assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
+    assert len(plotly_specs(at)) == 5
+
+    press(at, "Re-run AR + DDTree")
+    assert at.session_state["pair"][1] is not dd, "re-measured"
+
+
+def test_compare_page_verdict_and_diff(tiny_checkpoint):
+    at = start()
+    at.sidebar.slider(key="noise").set_value(0.5)
+    at.sidebar.number_input(key="seed").set_value(random.randrange(1000))
+    run(at.switch_page("app_pages/compare.py"))
+    assert at.success[0].value.startswith("Greedy-exact: DDTree emitted exactly the AR tokens")
+    n = DecodeConfig().max_new_tokens
+    assert metric(at, "Positions equal") == f"{n} / {n}"
+    table = at.dataframe[0].value
+    expected = engine_tokens(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), DecodeConfig())
+    assert list(table["AR"]) == expected and list(table["DDTree"]) == expected and table["equal"].all()
+
+
+def test_report_page_offers_the_five_files():
+    at = start()
+    run(at.switch_page("app_pages/report.py"))
+    labels = [b.label for b in at.download_button]
+    assert labels == ["report.html", "report.json", "kernels.csv", "steps.csv", "trace.json"]
+    files = at.session_state["reports"]
+    ar, dd = at.session_state["pair"]
+    summary = json.loads(files["report.json"])["summary"]
+    assert summary["greedy_exact"] is True and summary["num_steps"] == dd.num_steps
+    assert files["steps.csv"].decode().count("\n") >= dd.num_steps
+    for button in at.download_button:
+        button.click()
+        run(at)
+        assert at.session_state["reports"] is files, "downloading does not re-render"

@@ -1,0 +1,159 @@
+"""The benchmark scripts at their smallest CPU setting, end to end, and their shared pieces."""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.baselines import heapq_tree_build, random_parents, visibility_of
+from benchmarks.common import (
+    L2_BYTES,
+    QUICK,
+    ROTATION_FACTOR,
+    Ceilings,
+    Column,
+    markdown_table,
+    num_input_sets,
+    time_wall,
+)
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run_quick(module: str, out: pathlib.Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, "--device", "cpu", "--quick", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def kernels_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kernels")
+    proc = run_quick("benchmarks.bench_kernels", out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, json.loads((out / "kernels-cpu.json").read_text()), (out / "kernels-cpu.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def decode_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("decode")
+    proc = run_quick("benchmarks.bench_decode", out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, json.loads((out / "decode-cpu.json").read_text()), (out / "decode-cpu.md").read_text()
+
+
+def assert_positive(row: dict, *keys: str) -> None:
+    for key in keys:
+        value = row[key]
+        assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, value, row)
+
+
+def check_header(stdout: str, data: dict, benchmark: str) -> None:
+    assert data["benchmark"] == benchmark and data["quick"] is True
+    assert data["environment"]["device"] == "cpu" and data["environment"]["torch"] == torch.__version__
+    assert_positive(data["ceilings"], "copy_tbps", "matmul_tflops")
+    first = stdout.splitlines()[:3]
+    assert "torch " + torch.__version__ in first[0] and "TB/s" in first[1] and "TFLOP/s" in first[1]
+
+
+def test_bench_kernels_quick_cpu(kernels_run):
+    stdout, data, md = kernels_run
+    check_header(stdout, data, "bench_kernels")
+    grid = data["grid"]
+    attn = data["verify_attn"]
+    assert {(r["N"], r["S"]) for r in attn} == {(n, s) for n in grid["attn_nodes"] for s in grid["attn_rows"]}
+    for r in attn:
+        assert_positive(r, "ours_us", "torch_us", "speedup", "ours_tbps", "ours_tflops", "torch_tflops",
+                        "ours_roofline", "torch_roofline", "floor_us", "bytes", "flops")
+        assert r["prefix_len"] == r["S"] - r["N"]
+        assert r["err_ours"] < 1e-4 and r["err_torch"] < 1e-4, r  # float32 on the CPU vs float64
+        assert r["speedup"] == pytest.approx(r["torch_us"] / r["ours_us"])
+    assert [r["B"] for r in data["tree_build"]] == grid["build_budgets"]
+    for r in data["tree_build"]:
+        assert_positive(r, "ours_us", "topk_us", "heapq_us", "heapq_over_ours", "floor_us", "ours_roofline")
+        assert r["match_heapq"] is True  # the heapq baseline builds the op's tree, element for element
+    for name in ("tree_accept", "kv_compact"):
+        assert [r["B"] for r in data[name]] == grid["accept_budgets"]
+        for r in data[name]:
+            assert_positive(r, "ours_us", "ref_us", "ref_over_ours")
+            assert r["match_ref"] is True and 1 <= r["path_len"] <= grid["draft_depths"] + 1
+    assert_positive(data["kv_compact"][0], "bytes", "ours_tbps")
+    for section in ("verify_attn", "tree_build", "tree_accept", "kv_compact"):
+        assert f"## {section}" in md and section in stdout
+
+
+def test_bench_decode_quick_cpu(decode_run):
+    stdout, data, md = decode_run
+    check_header(stdout, data, "bench_decode")
+    plan, rows = data["plan"], data["rows"]
+    assert [(r["mode"], r["budget"], r["noise"]) for r in rows] == [("AR", 0, None)] + [
+        ("DDTree", b, n) for n in plan["noises"] for b in plan["budgets"]]
+    assert_positive(data, "prefill_ms", "ar_floor_ms", "weight_bytes_per_step")
+    for r in rows:
+        assert_positive(r, "eager_step_ms", "eager_tokens_per_s", "speedup_eager", "step_over_ar_eager",
+                        "tau_eager", "profiled_step_ms")
+        assert r["graph_step_ms"] is None  # no CUDA graphs on the CPU
+        assert r["tokens_match_ar"] is True  # greedy-exact: DDTree commits the AR tokens
+        assert 1 <= r["tau_eager"] <= plan["block_size"]
+        assert r["eager_tokens_per_s"] == pytest.approx(r["tau_eager"] / r["eager_step_ms"] * 1e3)
+        share = r["stage_share"]
+        assert 0 < share["verify"] <= 1 and share["verify_attn"] > 0
+        top_level = ("draft", "tree_build", "verify", "tree_accept", "kv_compact", "commit")
+        assert sum(share[k] for k in top_level) <= 1 + 1e-6  # disjoint parts of the step
+    assert rows[0]["tau_eager"] == 1 and rows[0]["stage_share"]["tree_build"] == 0
+    exact = [r for r in rows if r["noise"] == 0.0]
+    assert all(r["tau_eager"] == plan["block_size"] for r in exact)  # the exact oracle is accepted in full
+    assert "## steps" in md and "DDTree" in stdout
+
+
+def test_cuda_request_without_gpu_is_a_clear_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_decode", "--device", "cuda", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "torch sees no CUDA GPU" in proc.stderr and "--device cpu" in proc.stderr
+
+
+def test_heapq_baseline_matches_the_reference_op():
+    from kernels import reference
+
+    draft = torch.log_softmax(3.0 * torch.randn(5, 300), dim=-1)
+    root = int(torch.randint(300, ()))
+    for budget in (0, 1, 17, 400):
+        got = heapq_tree_build(draft, root, budget)
+        want = reference.tree_build(draft, torch.tensor(root), budget)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w.numpy())
+
+
+def test_random_tree_visibility_is_ancestor_closure():
+    rng = np.random.default_rng()
+    parents = random_parents(40, rng)
+    assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, 40))
+    vis = visibility_of(parents)
+    for i in range(40):
+        ancestors, j = set(), i
+        while j != -1:
+            ancestors.add(j)
+            j = parents[j]
+        assert set(np.flatnonzero(vis[i])) == ancestors
+
+
+def test_rotation_spans_several_l2s_and_floor_is_the_binding_limit():
+    set_bytes = int(np.random.default_rng().integers(10**5, 10**8))
+    n = num_input_sets(set_bytes)
+    assert n >= 2 and (n * set_bytes >= ROTATION_FACTOR * L2_BYTES or n == 128)
+    c = Ceilings(copy_tbps=4.0, matmul_tflops=800.0, dtype="bfloat16", copy_bytes=1, matmul_n=1)
+    assert c.floor_us(4e6, 0) == pytest.approx(1.0) and c.floor_us(4e6, 8e8 * 10) == pytest.approx(10.0)
+
+
+def test_time_wall_and_tables():
+    t = time_wall(lambda x: sum(range(x)), [1000, 2000], torch.device("cpu"), QUICK)
+    assert 0 < t.p10_us <= t.median_us <= t.p90_us and t.method == "wall" and t.num_sets == 2
+    table = markdown_table([{"a": 1.23456, "b": None}], [Column("a", "A", "{:.2f}"), Column("b", "B")])
+    assert table.splitlines() == ["| A | B |", "|---:|---:|", "| 1.23 | - |"]

@@ -1,0 +1,155 @@
+"""The dashboard in a real browser: `streamlit run app.py` driven by Playwright in /usr/bin/chromium.
+
+Also takes the README's screenshots (docs/decode.png, profile.png, compare.png, report.png). CI installs
+Debian's chromium (.ci/run), so there this test fails rather than skips when the browser is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CHROMIUM = pathlib.Path("/usr/bin/chromium")
+DOCS = ROOT / "docs"
+STARTUP_S = 120
+RUN_S = 600_000  # ms Playwright waits for a rerun: the first decode in a fresh checkout builds the kernels
+
+pytestmark = pytest.mark.browser
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: pathlib.Path) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read().strip() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail(f"streamlit did not report healthy within {STARTUP_S} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing in CI: .ci/run installs Debian's chromium before the tests")
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); CI always runs this test")
+    port = free_port()
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+             "--server.port", str(port), "--server.address", "127.0.0.1", "--server.fileWatcherType", "none",
+             "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        context = browser.new_context(viewport={"width": 1440, "height": 1600}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(RUN_S)
+        page.goto(server)
+        yield page
+        browser.close()
+
+
+def metric(page, label: str):
+    return page.locator('[data-testid="stMetric"]').filter(
+        has=page.get_by_text(label, exact=True)).locator('[data-testid="stMetricValue"]')
+
+
+def settle(page) -> None:
+    """Wait until Streamlit has finished the current rerun."""
+    page.wait_for_timeout(300)
+    page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden")
+
+
+def tree_data(page) -> str:
+    return page.locator(".st-key-tree .js-plotly-plot").evaluate("el => JSON.stringify(el.data)")
+
+
+def shot(page, name: str) -> None:
+    settle(page)
+    DOCS.mkdir(exist_ok=True)
+    page.screenshot(path=str(DOCS / f"{name}.png"), full_page=True)
+
+
+def open_page(page, title: str) -> None:
+    page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
+    page.get_by_role("heading", name=title, level=1).wait_for()
+
+
+def test_step_in_the_browser_then_download_the_report(page):
+    from playwright.sync_api import expect
+
+    expect(metric(page, "Steps")).to_have_text("0")
+    step = page.get_by_role("button", name="Step", exact=True)
+    trees = []
+    for num_steps in (1, 2, 3):
+        step.click()
+        expect(metric(page, "Steps")).to_have_text(str(num_steps))
+        settle(page)
+        trees.append(tree_data(page))
+    assert trees[0] != trees[2], "the tree figure follows the newest step"
+    expect(page.get_by_text(re.compile(r"^Step 2: tree of \d+ nodes"))).to_be_visible()
+    tokens = [int(t) for t in page.locator('[data-testid="stHtml"] span').all_inner_texts()]
+    shot(page, "decode")
+
+    open_page(page, "Profile")
+    expect(metric(page, "Speedup")).to_have_text(re.compile(r"^\d+\.\d\dx$"))
+    page.get_by_role("button", name=re.compile("Run sweep")).click()
+    expect(page.get_by_text(re.compile(r"^Fastest: B = \d+"))).to_be_visible()
+    shot(page, "profile")
+
+    open_page(page, "Compare")
+    expect(page.get_by_text(re.compile("^Greedy-exact: DDTree emitted exactly the AR tokens"))).to_be_visible()
+    shot(page, "compare")
+
+    open_page(page, "Report")
+    download_button = page.locator('[data-testid="stDownloadButton"]').filter(has_text="report.json")
+    with page.expect_download() as download:
+        download_button.click()
+    assert download.value.suggested_filename == "report.json"
+    summary = json.loads(pathlib.Path(download.value.path()).read_text())["summary"]
+    shot(page, "report")
+    assert summary["greedy_exact"] is True
+    assert summary["ddtree_tokens"][: len(tokens)] == tokens, "the report decodes what the Decode page showed"
+    if len(tokens) == summary["num_generated"]:  # three steps finished the decode on the Decode page
+        assert summary["num_steps"] == 3
+    else:
+        assert summary["num_steps"] > 3

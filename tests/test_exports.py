@@ -1,0 +1,338 @@
+"""The five exports, on synthetic run pairs and on real decodes of tests/refs/model_tiny.kdtr."""
+from __future__ import annotations
+
+import csv
+import html.parser
+import io
+import json
+import os
+import random
+
+import jsonschema
+import numpy as np
+import pytest
+from fake_records import fake_pair
+
+from engine.config import DecodeConfig
+from profiling import export_csv, figures, metrics, report
+from profiling.capture import ProfEvent, attribute, capture_pair
+from profiling.capture_data import Capture, KernelEvent, RunCapture
+from profiling.schema import REPORT_SCHEMA
+
+# -- real decodes -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_pair(tiny_checkpoint):
+    from engine.session import decode_pair
+
+    cfg = DecodeConfig(budget=random.randint(4, 24), block_size=random.randint(3, 8), max_new_tokens=12)
+    return decode_pair(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, noise=0.4,
+                       drafter_seed=random.randrange(1000))
+
+
+@pytest.fixture(scope="module")
+def captured(tiny_checkpoint):
+    cfg = DecodeConfig(budget=8, block_size=4, max_new_tokens=8)
+    return capture_pair(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, noise=0.3)
+
+
+def pairs(real_pair) -> list[tuple]:
+    seed = random.randrange(2**31)
+    return [real_pair, fake_pair(seed), fake_pair(seed + 1, diverge_at=random.randrange(17))]
+
+
+# -- checkers -----------------------------------------------------------------------------------------------
+
+
+def check_trace(doc: dict) -> list[dict]:
+    """Every X event lies inside the enclosing one on its track or after it; every pid/tid is named."""
+    events = doc["traceEvents"]
+    xs = [e for e in events if e["ph"] == "X"]
+    assert xs and {e["ph"] for e in events} <= {"X", "M"}
+    named_pids = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    named_tracks = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    tracks: dict[tuple, list] = {}
+    for e in xs:
+        assert e["dur"] >= 0 and e["ts"] >= 0 and isinstance(e["args"], dict)
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    assert {p for p, _ in tracks} <= named_pids and set(tracks) <= named_tracks
+    for track in tracks.values():
+        stack: list[dict] = []
+        for e in sorted(track, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"]:
+                stack.pop()
+            if stack:  # starts inside the top span, so it must end inside it too
+                assert e["ts"] + e["dur"] <= stack[-1]["ts"] + stack[-1]["dur"] + 1e-9, (e, stack[-1])
+            stack.append(e)
+    return xs
+
+
+class ExternalRefs(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[tuple[str, str]] = []
+        self.num_scripts = 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.num_scripts += tag == "script"
+        if tag == "script" and attrs.get("src"):
+            self.refs.append((tag, attrs["src"]))
+        if tag == "link":
+            self.refs.append((tag, attrs.get("href", "")))
+        if tag in ("img", "iframe") and attrs.get("src", "").startswith(("http", "//")):
+            self.refs.append((tag, attrs["src"]))
+
+
+# -- report.json ----------------------------------------------------------------------------------------------
+
+
+def test_report_json_validates_and_its_summary_recomputes_from_its_steps(real_pair):
+    jsonschema.Draft202012Validator.check_schema(REPORT_SCHEMA)
+    for ar, dd in pairs(real_pair):
+        doc = json.loads(report.render(ar, dd, "report.json"))
+        jsonschema.validate(doc, REPORT_SCHEMA)
+        steps = [s for s in doc["steps"] if s["mode"] == "ddtree"]
+        s = doc["summary"]
+        accepted = [len(st["path"]) - 1 for st in steps]
+        depth = doc["config"]["decode"]["block_size"] - 1
+        assert s["tau"] == pytest.approx(sum(len(st["committed"]) for st in steps) / len(steps))
+        assert s["acceptance_histogram"] == [accepted.count(k) for k in range(depth + 1)]
+        assert s["per_position_acceptance"] == pytest.approx([np.mean([a > d for a in accepted])
+                                                              for d in range(depth)])
+        runs = doc["runs"]
+        for mode in ("ar", "ddtree"):
+            mode_steps = [st for st in doc["steps"] if st["mode"] == mode]
+            seconds = (runs[mode]["prefill_ns"] + sum(st["wall_ns"] for st in mode_steps)) / 1e9
+            assert s[f"{mode}_tokens_per_s"] == pytest.approx(len(runs[mode]["tokens"]) / seconds)
+            generated = [runs[mode]["first_token"]] + [t for st in mode_steps for t in st["committed"]]
+            assert generated[:len(runs[mode]["tokens"])] == runs[mode]["tokens"]
+        assert s["greedy_exact"] == (runs["ar"]["tokens"] == runs["ddtree"]["tokens"])
+        assert s["speedup"] == pytest.approx(s["ddtree_tokens_per_s"] / s["ar_tokens_per_s"])
+        for st in doc["steps"]:
+            assert st["num_accepted"] == len(st["path"]) - 1
+            assert sum(st["timings_ns"][k] for k in st["timings_ns"] if k.count("/") == 1) <= st["timings_ns"]["step"]
+
+
+def test_report_json_steps_round_trip_the_records(real_pair):
+    for ar, dd in pairs(real_pair):
+        doc = json.loads(report.render(ar, dd, "report.json"))
+        assert len(doc["steps"]) == ar.num_steps + dd.num_steps
+        for rec, st in zip((*ar.steps, *dd.steps), doc["steps"], strict=True):
+            tree = rec.tree
+            assert st["tree"]["tokens"] == tree.tokens and st["tree"]["parents"] == tree.parents
+            assert st["tree"]["scores"] == [s if np.isfinite(s) else None for s in tree.scores]
+            mask = np.zeros_like(tree.visibility)
+            for i, row in enumerate(st["tree"]["visible"]):
+                mask[i, row] = True
+            assert (mask == tree.visibility).all()
+            assert st["path"] == rec.path and st["committed"] == rec.committed
+            assert st["timings_ns"] == rec.timings_ns
+
+
+def test_report_json_kernel_rows_match_the_kernel_table(real_pair):
+    ar, dd = real_pair
+    doc = json.loads(report.render(ar, dd, "report.json"))
+    assert doc["kernels"] == json.loads(json.dumps(metrics.kernel_table(ar) + metrics.kernel_table(dd)))
+    names = {r["name"] for r in doc["kernels"] if r["mode"] == "ddtree"}
+    assert {"step", "step/draft", "step/tree_build", "step/verify", "step/verify/layer0/attn/verify_attn",
+            "step/verify/lm_head", "step/tree_accept", "step/kv_compact"} <= names
+
+
+# -- trace.json -----------------------------------------------------------------------------------------------
+
+
+def test_trace_parses_and_nests(real_pair):
+    for ar, dd in pairs(real_pair):
+        doc = json.loads(report.render(ar, dd, "trace.json"))
+        xs = check_trace(doc)
+        for run in (ar, dd):
+            pid = {"ar": 1, "ddtree": 2}[run.mode]
+            steps = [e for e in xs if e["pid"] == pid and e["args"].get("range") == "step"]
+            assert [e["args"]["step"] for e in steps] == list(range(run.num_steps))
+            assert [round(e["dur"] * 1000) for e in steps] == [s.timings_ns["step"] for s in run.steps]
+            attn = [e for e in xs if e["pid"] == pid and e["name"] == "verify_attn"]
+            assert attn and all(e["args"]["N"] == run.steps[e["args"]["step"]].tree.num_nodes for e in attn)
+
+
+def test_trace_places_captured_kernels_on_named_stream_tracks():
+    ar, dd = fake_pair(random.randrange(2**31))
+    rng = random.Random()
+    kernels = [KernelEvent(f"k{i}", 7, rng.randrange(dd.num_steps), "step/verify", rng.randrange(200_000),
+                           rng.randrange(1, 50_000)) for i in range(40)]
+    kernels += [KernelEvent("memcpy", 13, None, None, rng.randrange(1000), 500)]
+    empty = RunCapture([], [], [])
+    capture = Capture(["cpu", "cuda"], {"ar": empty, "ddtree": RunCapture([], [], kernels)})
+    doc = json.loads(report.render(ar, dd, "trace.json", capture))
+    xs = check_trace(doc)
+    assert sum(e["tid"] == 107 for e in xs) == 40 and sum(e["tid"] == 113 for e in xs) == 1
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert "CUDA stream 7" in names[(2, 107)] and "CUDA stream 13" in names[(2, 113)]
+
+
+# -- CSVs, HTML, figures -------------------------------------------------------------------------------------
+
+
+def test_csvs_have_the_documented_columns_and_values(real_pair):
+    for ar, dd in pairs(real_pair):
+        steps = list(csv.DictReader(io.StringIO(report.render(ar, dd, "steps.csv").decode())))
+        kernels = list(csv.DictReader(io.StringIO(report.render(ar, dd, "kernels.csv").decode())))
+        assert tuple(steps[0]) == export_csv.STEP_COLUMNS and tuple(kernels[0]) == export_csv.KERNEL_COLUMNS
+        records = [*ar.steps, *dd.steps]
+        assert len(steps) == len(records)
+        for row, rec in zip(steps, records, strict=True):
+            assert (row["mode"], int(row["step"]), int(row["num_accepted"])) == (rec.mode, rec.index,
+                                                                                 rec.num_accepted)
+            assert [int(t) for t in row["committed"].split()] == rec.committed
+            assert float(row["step_ms"]) == pytest.approx(rec.timings_ns["step"] / 1e6)
+            stages = [float(row[f"{s}_ms"]) for s in export_csv.STAGES if row[f"{s}_ms"]]
+            assert sum(stages) + float(row["other_ms"]) == pytest.approx(float(row["step_ms"]))
+            assert (row["draft_ms"] == "") == (rec.mode == "ar")
+        assert len(kernels) == len(metrics.kernel_table(ar)) + len(metrics.kernel_table(dd))
+        assert all(r["profiler_cpu_ms"] == "" and r["device_ms"] == "" for r in kernels)
+
+
+def test_report_html_is_self_contained(real_pair):
+    for ar, dd in pairs(real_pair)[:2]:
+        page = report.render(ar, dd, "report.html").decode()
+        parser = ExternalRefs()
+        parser.feed(page)
+        assert parser.refs == [] and parser.num_scripts >= 1
+        assert "@import" not in page and "cdn.plot.ly" not in page.split("</head>")[0]
+        for heading in ("Summary", "Kernel breakdown", "Per-step timeline", "Acceptance", "Token diff",
+                        "Trees of chosen steps"):
+            assert f"<h2>{heading}</h2>" in page
+        assert "Plotly.newPlot" in page and page.count("plotly.js v") >= 1
+
+
+def test_tree_layout_is_layered_and_subtrees_are_contiguous(real_pair):
+    _, dd = real_pair
+    for step in [*dd.steps, *fake_pair(random.randrange(2**31))[1].steps]:
+        tree = step.tree
+        pos = figures.tree_layout(tree)
+        assert set(pos) == set(figures.real_nodes(tree))
+        kids = {n: [c for c in pos if c != 0 and tree.parents[c] == n] for n in pos}
+        leaves = [n for n in pos if not kids[n]]
+        assert sorted(pos[n][1] for n in leaves) == list(range(len(leaves)))
+        for n, (x, y) in pos.items():
+            assert x == tree.depths[n]
+            if kids[n]:
+                assert y == pytest.approx(np.mean([pos[c][1] for c in kids[n]]))
+            below, stack = [], [n]
+            while stack:
+                m = stack.pop()
+                below += [m] if not kids[m] else []
+                stack += kids[m]
+            rows = sorted(pos[m][1] for m in below)
+            assert rows == list(range(int(rows[0]), int(rows[0]) + len(rows)))
+        fig = figures.tree_figure(step)
+        drawn = sum(len(t.x) for t in fig.data if t.mode and "markers" in t.mode)
+        assert drawn == len(pos) + 1  # every node and the bonus
+        mask = figures.mask_figure(step)
+        assert (np.asarray(mask.data[0].z) > 0).tolist() == tree.visibility.tolist()
+
+
+# -- writing --------------------------------------------------------------------------------------------------
+
+
+def test_write_all_refuses_to_overwrite_without_force(tmp_path):
+    ar, dd = fake_pair(random.randrange(2**31))
+    paths = report.write_all(ar, dd, tmp_path / "new" / "dir")
+    assert sorted(p.name for p in paths) == sorted(report.FORMATS)
+    target = tmp_path / "out"
+    target.mkdir()
+    sentinel = f"keep me {random.random()}"
+    (target / "steps.csv").write_text(sentinel)
+    with pytest.raises(report.ReportError, match="--force"):
+        report.write_all(ar, dd, target)
+    assert (target / "steps.csv").read_text() == sentinel
+    assert sorted(os.listdir(target)) == ["steps.csv"]
+    report.write_all(ar, dd, target, force=True)
+    assert (target / "steps.csv").read_bytes() == report.render(ar, dd, "steps.csv")
+    assert not [n for n in os.listdir(target) if n.endswith(".tmp")]
+
+
+def test_write_all_rejects_a_file_or_an_uncreatable_directory(tmp_path):
+    ar, dd = fake_pair(random.randrange(2**31))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(report.ReportError, match="not a directory"):
+        report.write_all(ar, dd, tmp_path / "f")
+    with pytest.raises(report.ReportError, match="cannot create"):
+        report.write_all(ar, dd, tmp_path / "f" / "sub")
+    with pytest.raises(report.ReportError, match="unknown report format"):
+        report.render(ar, dd, "report.xml")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_write_all_rejects_a_read_only_directory(tmp_path):
+    ar, dd = fake_pair(random.randrange(2**31))
+    tmp_path.chmod(0o500)
+    try:
+        with pytest.raises(report.ReportError, match="not writable"):
+            report.write_all(ar, dd, tmp_path)
+    finally:
+        tmp_path.chmod(0o700)
+
+
+# -- torch.profiler capture -----------------------------------------------------------------------------------
+
+
+def test_attribute_assigns_kernels_to_the_innermost_range():
+    names = {"prefill", "step", "step/verify", "step/verify/layer0/attn"}
+    host = [
+        ProfEvent("prefill", 0, 100, 1, False, 0, 1, 0),
+        ProfEvent("aten::mm", 10, 20, 1, False, 0, 2, 0),
+        ProfEvent("step", 200, 300, 1, False, 0, 3, 0),
+        ProfEvent("step/verify", 210, 200, 1, False, 0, 4, 0),
+        ProfEvent("aten::linear", 220, 50, 1, False, 0, 5, 0),
+        ProfEvent("aten::mm", 230, 30, 1, False, 0, 6, 0),
+        ProfEvent("cudaLaunchKernel", 240, 5, 1, False, 0, 5, 0),  # a runtime call whose CUPTI id collides
+        ProfEvent("step/verify/layer0/attn", 300, 80, 1, False, 0, 7, 0),
+        ProfEvent("ddtree::verify_attn", 310, 40, 1, False, 0, 8, 0),
+        ProfEvent("step", 600, 100, 1, False, 0, 9, 0),
+        ProfEvent("aten::add", 610, 10, 1, False, 0, 10, 0),
+    ]
+    device = [
+        ProfEvent("gemm", 50, 7, 0, True, 7, 0, 2),
+        ProfEvent("gemm", 260, 11, 0, True, 7, 0, 6),
+        ProfEvent("attn_kernel", 330, 13, 0, True, 7, 0, 8),
+        ProfEvent("step/verify", 250, 90, 0, True, 7, 0, 0),  # a GPU-side copy of our range: not a kernel
+        ProfEvent("add_kernel", 640, 3, 0, True, 8, 0, 10),
+    ]
+    rc = attribute(host + device, names)
+    rt = rc.range_times()
+    assert rt["step"].count == 2 and rt["step"].cpu_ms == pytest.approx(400 / 1e6)
+    assert rt["step"].device_ms == pytest.approx((11 + 13 + 3) / 1e6)
+    assert rt["step/verify"].device_ms == pytest.approx((11 + 13) / 1e6)
+    assert rt["step/verify/layer0/attn"].device_ms == pytest.approx(13 / 1e6)
+    assert rt["prefill"].device_ms == pytest.approx(7 / 1e6)
+    ops = {(o.range, o.name): o for o in rc.ops}
+    assert ops[("step/verify", "aten::linear")].device_ms == pytest.approx(11 / 1e6)  # via its child aten::mm
+    assert ("step/verify", "aten::mm") not in ops  # nested in aten::linear: not a top-level op
+    assert ops[("step/verify/layer0/attn", "ddtree::verify_attn")].cpu_ms == pytest.approx(40 / 1e6)
+    k = {(x.name, x.step): x for x in rc.kernels}
+    assert k[("gemm", None)].start_ns == 50 and k[("gemm", 0)].start_ns == 60
+    assert k[("attn_kernel", 0)].range == "step/verify/layer0/attn" and k[("add_kernel", 1)].start_ns == 40
+    assert len(rc.kernels) == 4
+
+
+def test_cpu_capture_lines_up_with_the_timers(captured, tmp_path):
+    ar, dd, capture = captured
+    assert capture.activities == ["cpu"]
+    for run in (ar, dd):
+        rt = capture.runs[run.mode].range_times()
+        names = {n for s in run.steps for n in s.timings_ns}
+        assert names <= set(rt) and "prefill" in rt
+        assert rt["step"].count == run.num_steps
+        for name in names:
+            timed = sum(s.timings_ns.get(name, 0) for s in run.steps) / 1e6
+            assert rt[name].cpu_ms <= timed * 1.5 + 1.0  # the same interval, seen by two clocks
+        assert any(o.name.startswith("ddtree::verify_attn") for o in capture.runs[run.mode].ops)
+    report.write_all(ar, dd, tmp_path, capture=capture)
+    doc = json.loads((tmp_path / "report.json").read_text())
+    jsonschema.validate(doc, REPORT_SCHEMA)
+    rows = [r for r in doc["kernels"] if r["name"] == "step/verify"]
+    assert rows and all(r["profiler_cpu_ms"] > 0 and r["device_ms"] is None for r in rows)
+    assert "torch.profiler capture" in (tmp_path / "report.html").read_text()
+    check_trace(json.loads((tmp_path / "trace.json").read_text()))

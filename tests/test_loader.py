@@ -1,0 +1,219 @@
+"""The op-library loader: one load per process, a cached build across processes, stale locks, clear errors."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.utils.cpp_extension
+
+import kernels
+from kernels import ExtensionBuildError, build_lock
+
+REPO = Path(__file__).resolve().parents[1]
+PRINT_BUILD_INFO = "import json, kernels; kernels.load(); print(json.dumps(kernels.build_info()))"
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter at the repository root with `env` added to this environment."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=os.environ | env, capture_output=True, text=True, timeout=300
+    )
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def live_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def built_dir() -> Path:
+    kernels.load()
+    return Path(kernels.build_info()["build_dir"])
+
+
+def test_load_twice_returns_the_same_library_without_rebuilding(built_dir, monkeypatch):
+    first = kernels.load()
+    info = kernels.build_info()
+
+    def no_second_build(*args, **kwargs):
+        raise AssertionError("load() built the extension a second time")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_second_build)
+    assert kernels.load() is first
+    assert kernels.build_info() == info
+    assert first.tree_build is torch.ops.ddtree.tree_build
+
+
+def test_second_process_reuses_the_cached_build(built_dir):
+    start = time.perf_counter()
+    result = _python(PRINT_BUILD_INFO)
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    child = json.loads(result.stdout.splitlines()[-1])
+    assert child["build_dir"] == str(built_dir) and child["cold_build"] is False
+    assert child["load_seconds"] < 5.0 and elapsed < 60.0
+
+
+def test_stale_lock_of_a_dead_builder_is_cleared(tmp_path):
+    lock, owner = tmp_path / "lock", tmp_path / "lock.owner"
+    lock.touch()
+    owner.write_text(str(_dead_pid()))
+    with build_lock(tmp_path, timeout_s=5.0):
+        assert not lock.exists()
+        assert owner.read_text() == str(os.getpid())
+    assert owner.read_text() == ""
+
+
+def test_old_lock_without_owner_is_cleared(tmp_path):
+    lock = tmp_path / "lock"
+    lock.touch()
+    an_hour_ago = time.time() - 3600
+    os.utime(lock, (an_hour_ago, an_hour_ago))
+    start = time.monotonic()
+    with build_lock(tmp_path, timeout_s=600.0):
+        assert not lock.exists()
+    assert time.monotonic() - start < 5.0
+
+
+def test_fresh_lock_without_owner_is_cleared_after_the_timeout(tmp_path):
+    lock = tmp_path / "lock"
+    lock.touch()
+    start = time.monotonic()
+    with build_lock(tmp_path, timeout_s=0.6):
+        assert not lock.exists()
+    assert time.monotonic() - start >= 0.5
+
+
+def test_lock_held_by_a_live_builder_times_out_naming_the_file(tmp_path, live_pid):
+    lock = tmp_path / "lock"
+    lock.touch()
+    (tmp_path / "lock.owner").write_text(str(live_pid))
+    with pytest.raises(ExtensionBuildError, match=rf"{re.escape(str(lock))}.*process {live_pid}.*delete"):
+        with build_lock(tmp_path, timeout_s=0.5):
+            pass
+    assert lock.exists()  # a live builder's lock is never removed
+
+
+def test_builders_take_turns(tmp_path):
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with build_lock(tmp_path, timeout_s=5.0):
+            holding.set()
+            release.wait(10.0)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10.0)
+    with pytest.raises(ExtensionBuildError, match="lock"):
+        with build_lock(tmp_path, timeout_s=0.3):
+            pass
+    release.set()
+    holder.join()
+    with build_lock(tmp_path, timeout_s=0.3):
+        assert (tmp_path / "lock.owner").read_text() == str(os.getpid())
+
+
+def test_load_clears_a_stale_lock_and_proceeds(built_dir, tmp_path):
+    build_dir = tmp_path / "build"
+    shutil.copytree(built_dir, build_dir, ignore=shutil.ignore_patterns("lock", "lock.owner"))
+    (build_dir / "lock").touch()
+    (build_dir / "lock.owner").write_text(str(_dead_pid()))
+    result = _python(PRINT_BUILD_INFO, DDTREE_BUILD_DIR=str(build_dir))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["cold_build"] is False
+    assert not (build_dir / "lock").exists()
+
+
+def test_load_with_a_live_held_lock_fails_naming_the_file(tmp_path, live_pid):
+    (tmp_path / "lock").touch()
+    (tmp_path / "lock.owner").write_text(str(live_pid))
+    result = _python(PRINT_BUILD_INFO, DDTREE_BUILD_DIR=str(tmp_path), DDTREE_BUILD_LOCK_TIMEOUT="1")
+    assert result.returncode != 0
+    lock = tmp_path / "lock"
+    assert f"ExtensionBuildError: the build lock {lock} has been held by process {live_pid}" in result.stderr
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path):
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    result = _python(
+        PRINT_BUILD_INFO, CXX="/nonexistent/c++", PATH=str(empty_bin), DDTREE_BUILD_DIR=str(tmp_path / "build")
+    )
+    assert result.returncode != 0
+    assert "ExtensionBuildError: no C++ compiler" in result.stderr and "apt-get install g++" in result.stderr
+    assert not (tmp_path / "build").exists()
+
+
+def test_missing_ninja_is_a_clear_error(tmp_path):
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    cxx = shutil.which("c++") or shutil.which("g++")
+    assert cxx is not None
+    result = _python(PRINT_BUILD_INFO, CXX=cxx, PATH=str(empty_bin), DDTREE_BUILD_DIR=str(tmp_path / "build"))
+    assert result.returncode != 0
+    assert "ExtensionBuildError: ninja" in result.stderr and "pip install ninja" in result.stderr
+
+
+def test_compile_failure_shows_the_compiler_output_tail(tmp_path, monkeypatch):
+    output = "\n".join(f"compiler line {i}" for i in range(100))
+
+    def failing_build(*args, **kwargs):
+        raise RuntimeError(f"Error building extension 'ddtree_ops': {output}")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", failing_build)
+    plan = kernels.make_plan()
+    with pytest.raises(ExtensionBuildError) as err:
+        kernels._build_and_load(plan)
+    message = str(err.value)
+    assert str(plan.build_dir) in message and "compiler line 99" in message and "compiler line 70" in message
+    assert "compiler line 69\n" not in message
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.utils.cpp_extension, "CUDA_HOME", None)
+    with pytest.raises(ExtensionBuildError, match="nvcc is missing.*CUDA_HOME"):
+        kernels._check_toolchain(with_cuda=True)
+
+
+@pytest.mark.parametrize("capability, flag", [((9, 0), "compute_90a,code=sm_90a"), ((8, 6), "compute_86,code=sm_86")])
+def test_cuda_arch_follows_the_gpu_unless_the_user_sets_it(monkeypatch, capability, flag):
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: capability)
+    assert kernels._cuda_arch_flags() == [f"-gencode=arch={flag}"]
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    assert kernels._cuda_arch_flags() == []  # torch turns the user's list into flags
+
+
+def test_build_dir_names_torch_device_and_sources(monkeypatch, tmp_path):
+    monkeypatch.delenv("DDTREE_BUILD_DIR", raising=False)
+    plan = kernels.make_plan()
+    assert plan.build_dir.parent == Path.home() / ".cache" / "ddtree-studio" / "build"
+    assert re.fullmatch(rf"{re.escape(torch.__version__)}-(cpu|cuda)-[0-9a-f]{{12}}", plan.build_dir.name)
+    assert {p.name for p in plan.sources} >= {"ops.cpp", "tree_build.cpp", "verify_attn.cpp", "tree_accept.cpp"}
+    monkeypatch.setenv("DDTREE_BUILD_DIR", str(tmp_path))
+    assert kernels.make_plan().build_dir == tmp_path
+
+
+def test_bad_lock_timeout_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("DDTREE_BUILD_LOCK_TIMEOUT", "ten")
+    with pytest.raises(ExtensionBuildError, match="DDTREE_BUILD_LOCK_TIMEOUT must be a number of seconds, got 'ten'"):
+        kernels._lock_timeout_s()
