@@ -21,6 +21,6 @@ if div is not None:
 
 rows = views.compare_rows(ar, dd)
 st.metric("Positions equal", f"{sum(r['equal'] for r in rows)} / {len(rows)}")
-st.dataframe(rows, hide_index=True, width="stretch",
+st.dataframe(rows, hide_index=True, width="stretch", height="content",
              column_config={"equal": st.column_config.CheckboxColumn(),
                             "AR top-1/top-2 gap": st.column_config.NumberColumn(format="%.4f")})

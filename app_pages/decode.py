@@ -53,7 +53,7 @@ index = st.selectbox("Inspect step", range(len(steps)), key="inspect_step",
                      format_func=lambda i: f"step {i}" + (" (latest)" if i == len(steps) - 1 else ""))
 step = steps[index]
 st.markdown(views.tree_caption(step))
-tree_col, mask_col = st.columns([3, 2])
+tree_col, mask_col = st.columns(2)
 with tree_col.container(key="tree"):
     st.plotly_chart(tree_figure(step), width="stretch", config={"displaylogo": False})
 with mask_col.container(key="mask"):
@@ -63,6 +63,6 @@ a, c, t = st.columns(3)
 a.metric("Drafted tokens accepted", step.num_accepted)
 c.metric("Tokens committed", step.num_committed)
 t.metric("Step time", f"{step.step_ns / 1e6:.2f} ms" if "step" in step.timings_ns else "-")
-st.dataframe(views.stage_rows(step), hide_index=True, width="stretch",
+st.dataframe(views.stage_rows(step), hide_index=True, width="stretch", height="content",
              column_config={"ms": st.column_config.NumberColumn(format="%.3f"),
                             "share": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")})

@@ -22,7 +22,7 @@ mode = st.radio("Run", ["DDTree", "AR"], key="profile_run", horizontal=True)
 run = dd if mode == "DDTree" else ar
 table = [{"range": "\u2003" * r["depth"] + r["name"].removeprefix("step/"), **{k: r[k] for k in (
     "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "share")}} for r in kernel_table(run)]
-st.dataframe(table, hide_index=True, width="stretch",
+st.dataframe(table, hide_index=True, width="stretch", height="content",
              column_config={**{k: st.column_config.NumberColumn(format="%.3f") for k in (
                  "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms")},
                  "share": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")})
@@ -52,5 +52,5 @@ rows = st.session_state.sweep
 if rows:
     best = min(rows, key=lambda r: r["ms_per_token"])
     st.markdown(f"Fastest: **B = {best['budget']}**, {best['ms_per_token']:.3f} ms per token, tau {best['tau']:.2f}.")
-    st.dataframe(rows, hide_index=True, width="stretch")
+    st.dataframe(rows, hide_index=True, width="stretch", height="content")
     st.plotly_chart(charts.sweep(rows), width="stretch")

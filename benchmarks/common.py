@@ -72,8 +72,8 @@ class Timing:
         return asdict(self)
 
 
-def _timing(samples_us: Sequence[float], num_sets: int, method: str, per_sample: int = 1) -> Timing:
-    p10, p50, p90 = np.percentile(np.asarray(samples_us) / per_sample, [10, 50, 90])
+def _timing(samples_us: Sequence[float], num_sets: int, method: str) -> Timing:
+    p10, p50, p90 = np.percentile(samples_us, [10, 50, 90])
     return Timing(float(p50), float(p10), float(p90), len(samples_us), num_sets, method)
 
 

@@ -13,6 +13,7 @@ import json
 import re
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -139,16 +140,23 @@ def _split_down(prefix: str, arr: np.ndarray, cfg: ModelConfig) -> dict[str, np.
     return {f"{prefix}.{e}.down_proj.weight": arr[e] for e in range(arr.shape[0])}
 
 
-Shape = tuple[int, ...]
-Split = Callable[[str, np.ndarray, ModelConfig], dict[str, np.ndarray]]
+@dataclass(frozen=True, slots=True)
+class FusedName:
+    """A checkpoint tensor that holds several engine.weights tensors."""
 
-# THE name table: checkpoint name pattern -> (its expected shape, how it becomes engine.weights tensors).
-# Every other name maps to itself: engine.weights uses the released (per-expert) Hugging Face names.
-NAME_TABLE: tuple[tuple[re.Pattern, Callable[[ModelConfig], Shape], Split], ...] = (
-    (re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.gate_up_proj"),
-     lambda c: (c.n_routed_experts, 2 * c.moe_intermediate_size, c.hidden_size), _split_gate_up),
-    (re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.down_proj"),
-     lambda c: (c.n_routed_experts, c.hidden_size, c.moe_intermediate_size), _split_down),
+    pattern: re.Pattern  # group 1: the prefix of the engine names
+    shape: Callable[[ModelConfig], tuple[int, ...]]
+    split: Callable[[str, np.ndarray, ModelConfig], dict[str, np.ndarray]]
+
+
+# THE name table. Every name not matched here maps to itself: engine.weights uses the released Hugging Face
+# names (per-expert experts.{e}.gate_proj/up_proj/down_proj.weight, router mlp.gate.weight and
+# mlp.gate.e_score_correction_bias), which save_pretrained in transformers 5.24 also writes.
+NAME_TABLE = (
+    FusedName(re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.gate_up_proj"),
+              lambda c: (c.n_routed_experts, 2 * c.moe_intermediate_size, c.hidden_size), _split_gate_up),
+    FusedName(re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.down_proj"),
+              lambda c: (c.n_routed_experts, c.hidden_size, c.moe_intermediate_size), _split_down),
 )
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
@@ -173,8 +181,8 @@ def _weight_files(root: Path) -> dict[str, Path]:
     raise HFLoadError(f"{root}: {hint}; expected {SINGLE_FILE} or sharded files with {INDEX_FILE}")
 
 
-def _plan(files: dict[str, Path], cfg: ModelConfig) -> list[tuple[Path, str, tuple | None]]:
-    """(file, tensor name, NAME_TABLE entry or None) for every tensor to load, checked for name, dtype and
+def _plan(files: dict[str, Path], cfg: ModelConfig) -> list[tuple[Path, str, FusedName | None]]:
+    """(file, tensor name, its NAME_TABLE entry or None) for every tensor to load, checked for name, dtype and
     shape before any data is read; drops multi-token-prediction layers with a warning."""
     from safetensors import safe_open
 
@@ -193,7 +201,7 @@ def _plan(files: dict[str, Path], cfg: ModelConfig) -> list[tuple[Path, str, tup
                     warnings.warn(f"{path.name}: ignoring lm_head.weight: tie_word_embeddings is true, so the "
                                   "output layer is model.embed_tokens.weight (as in transformers)", stacklevel=4)
                     continue
-                entry = next((e for e in NAME_TABLE if e[0].fullmatch(name)), None)
+                entry = next((e for e in NAME_TABLE if e.pattern.fullmatch(name)), None)
                 tensor = f.get_slice(name)
                 dtype, shape = tensor.get_dtype(), tuple(tensor.get_shape())
                 if entry is None and name not in expected:
@@ -204,7 +212,7 @@ def _plan(files: dict[str, Path], cfg: ModelConfig) -> list[tuple[Path, str, tup
                 if dtype not in FLOAT_DTYPES:
                     raise HFLoadError(f"{path.name}: tensor {name} has dtype {dtype}; quantized or integer weights "
                                       f"are not supported: convert the checkpoint to one of {FLOAT_DTYPES}")
-                want = entry[1](cfg) if entry else expected[name]
+                want = entry.shape(cfg) if entry else expected[name]
                 if shape != want:
                     raise HFLoadError(f"{path.name}: tensor {name} has shape {shape}, but config.json implies {want}; "
                                       "the config and the weights do not belong together")
@@ -222,7 +230,7 @@ def _read_tensors(files: dict[str, Path], cfg: ModelConfig) -> dict[str, np.ndar
     """Every tensor of the model under its engine.weights name, in float32 and engine.weights order."""
     from safetensors import safe_open  # torch framework: it reads bfloat16, which numpy cannot hold
 
-    by_file: dict[Path, list[tuple[str, tuple | None]]] = {}
+    by_file: dict[Path, list[tuple[str, FusedName | None]]] = {}
     for path, name, entry in _plan(files, cfg):
         by_file.setdefault(path, []).append((name, entry))
     weights: dict[str, np.ndarray] = {}
@@ -230,7 +238,7 @@ def _read_tensors(files: dict[str, Path], cfg: ModelConfig) -> dict[str, np.ndar
         with safe_open(path, framework="pt") as f:
             for name, entry in items:
                 arr = f.get_tensor(name).float().numpy()
-                renamed = entry[2](entry[0].fullmatch(name).group(1), arr, cfg) if entry else {name: arr}
+                renamed = entry.split(entry.pattern.fullmatch(name).group(1), arr, cfg) if entry else {name: arr}
                 for out_name, out in renamed.items():
                     if out_name in weights:
                         raise HFLoadError(f"{path.name}: {out_name} is given twice (fused and per-expert?); "

@@ -10,6 +10,7 @@ Builders here serialise on an flock of `<build_dir>/lock.owner` and write their 
 owner is dead (or, with no owner, older than the timeout) is stale and removed, and a live owner holding it
 longer than DDTREE_BUILD_LOCK_TIMEOUT seconds (default 600) is an ExtensionBuildError naming the file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -224,6 +225,7 @@ def build_lock(build_dir: Path, timeout_s: float) -> Iterator[None]:
 
 def _wait_for_torch_lock(lock: Path, owner: Path, deadline: float, timeout_s: float) -> None:
     while True:
+        now = time.monotonic()  # read before the age, so an ownerless lock ages out before the deadline passes
         age = _age_s(lock)
         if age is None:
             return
@@ -231,7 +233,7 @@ def _wait_for_torch_lock(lock: Path, owner: Path, deadline: float, timeout_s: fl
         if (pid is not None and not _pid_alive(pid)) or (pid is None and age > timeout_s):
             lock.unlink(missing_ok=True)  # left by a killed build
             return
-        if time.monotonic() > deadline:
+        if now > deadline:
             raise _held_error(lock, owner, pid, timeout_s)
         time.sleep(_POLL_S)
 

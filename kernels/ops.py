@@ -25,6 +25,7 @@ tree_accept(tokens [N], parents [N], target [N] i64, max_depth) -> path [max_dep
 kv_compact(ckv [num_layers, S, R], kpe [num_layers, S, P], prefix_len, path) -> None, in place.
   For each i before the first -1 in path: row prefix_len + path[i] -> row prefix_len + i in every layer.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple

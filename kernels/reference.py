@@ -2,6 +2,7 @@
 
 They follow the contracts in kernels/ops.py and share no code with the C++ or CUDA kernels.
 """
+
 from __future__ import annotations
 
 import heapq

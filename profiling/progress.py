@@ -11,9 +11,9 @@ from engine.records import StepRecord
 class DecodeProgress:
     """on_step callback for decode_pair: tokens generated so far out of max_new_tokens, per run mode."""
 
-    def __init__(self, total_tokens: int, stream: TextIO = sys.stderr, width: int = 30) -> None:
+    def __init__(self, total_tokens: int, stream: TextIO | None = None, width: int = 30) -> None:
         self.total = total_tokens
-        self.stream = stream
+        self.stream = stream if stream is not None else sys.stderr  # looked up now: sys.stderr may be swapped
         self.width = width
         self.mode: str | None = None
         self.done = 0

@@ -99,7 +99,7 @@ class StepTimer:
         self._stack: list[str] = []  # full names of the open ranges
         self._num_opened = 0
         self._pending: list[tuple[int, str, object, object]] = []  # (open order, full name, start, end)
-        self._last_spans: list[Span] = []
+        self._resolved: list[tuple[int, str, object, object]] = []  # the intervals results_ns() last returned
 
     def range(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Time the enclosed block as `name`, nested under the ranges open around it."""
@@ -123,22 +123,20 @@ class StepTimer:
     def results_ns(self) -> dict[str, int]:
         """Elapsed ns per range name since the last call (repeated names add up). Waits for CUDA events.
 
-        The same call resolves the individual intervals that last_spans() returns."""
-        ordered = sorted(self._pending, key=lambda p: p[0])  # open order: parents before their children
-        origin = ordered[0][2] if ordered else None
+        The intervals stay available to last_spans() until the next call."""
         out: dict[str, int] = {}
-        spans: list[Span] = []
         for _, name, start, end in self._pending:
-            ns = self._elapsed_ns(start, end)
-            out[name] = out.get(name, 0) + ns
-        for _, name, start, end in ordered:
-            spans.append(Span(name, self._elapsed_ns(origin, start), self._elapsed_ns(start, end)))
-        self._pending.clear()
+            out[name] = out.get(name, 0) + self._elapsed_ns(start, end)
+        self._resolved, self._pending = self._pending, []
         self._num_opened = 0
-        self._last_spans = spans
         return out
 
     def last_spans(self) -> list[Span]:
-        """The intervals resolved by the latest results_ns() call, in the order they were opened (a parent
-        before its children), with start offsets from the first range opened (the step)."""
-        return list(self._last_spans)
+        """The intervals of the latest results_ns() call, in the order they were opened (a parent before its
+        children), with start offsets from the first range opened (the step)."""
+        ordered = sorted(self._resolved, key=lambda p: p[0])
+        if not ordered:
+            return []
+        origin = ordered[0][2]
+        return [Span(name, self._elapsed_ns(origin, start), self._elapsed_ns(start, end))
+                for _, name, start, end in ordered]

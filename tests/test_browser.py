@@ -75,8 +75,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(server):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=RUN_S)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
@@ -100,13 +101,23 @@ def settle(page) -> None:
 
 
 def tree_data(page) -> str:
-    return page.locator(".st-key-tree .js-plotly-plot").evaluate("el => JSON.stringify(el.data)")
+    from playwright.sync_api import expect
+
+    chart = page.locator(".st-key-tree .js-plotly-plot")
+    expect(chart).to_have_count(1)  # a rerun briefly keeps the previous run's chart beside the new one
+    return chart.evaluate("el => JSON.stringify(el.data)")
 
 
 def shot(page, name: str) -> None:
+    """Screenshot the whole page: Streamlit scrolls inside a container, so grow the viewport to the content."""
     settle(page)
+    size = page.viewport_size
+    height = page.evaluate("() => Math.max(...Array.from(document.querySelectorAll('*'), e => e.scrollHeight))")
+    page.set_viewport_size({"width": size["width"], "height": min(height + 40, 8000)})
+    page.wait_for_timeout(800)  # plotly charts re-lay out to the new size
     DOCS.mkdir(exist_ok=True)
     page.screenshot(path=str(DOCS / f"{name}.png"), full_page=True)
+    page.set_viewport_size(size)
 
 
 def open_page(page, title: str) -> None:

@@ -46,7 +46,9 @@ def pairs(real_pair) -> list[tuple]:
 
 
 def check_trace(doc: dict) -> list[dict]:
-    """Every X event lies inside the enclosing one on its track or after it; every pid/tid is named."""
+    """Every X event lies inside the enclosing one on its track or after it; every pid/tid is named.
+
+    Like Perfetto, compares integer ns (µs * 1000, rounded): float sums of µs values are inexact."""
     events = doc["traceEvents"]
     xs = [e for e in events if e["ph"] == "X"]
     assert xs and {e["ph"] for e in events} <= {"X", "M"}
@@ -58,13 +60,15 @@ def check_trace(doc: dict) -> list[dict]:
         tracks.setdefault((e["pid"], e["tid"]), []).append(e)
     assert {p for p, _ in tracks} <= named_pids and set(tracks) <= named_tracks
     for track in tracks.values():
-        stack: list[dict] = []
+        stack: list[tuple[int, int]] = []
         for e in sorted(track, key=lambda e: (e["ts"], -e["dur"])):
-            while stack and e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"]:
+            start = round(e["ts"] * 1000)
+            end = start + round(e["dur"] * 1000)
+            while stack and start >= stack[-1][1]:
                 stack.pop()
             if stack:  # starts inside the top span, so it must end inside it too
-                assert e["ts"] + e["dur"] <= stack[-1]["ts"] + stack[-1]["dur"] + 1e-9, (e, stack[-1])
-            stack.append(e)
+                assert end <= stack[-1][1], (e, stack[-1])
+            stack.append((start, end))
     return xs
 
 

@@ -1,4 +1,5 @@
 """The op-library loader: one load per process, a cached build across processes, stale locks, clear errors."""
+
 from __future__ import annotations
 
 import json

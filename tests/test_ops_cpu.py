@@ -1,4 +1,5 @@
 """The CPU kernels of the ddtree ops against kernels/reference.py, their invariants, opcheck and input errors."""
+
 from __future__ import annotations
 
 import random
@@ -293,27 +294,37 @@ BAD_INPUTS = {
     "budget high": (lambda: _build(budget=1025), r"budget must be in \[0, 1024\], got 1025"),
     "prefix + N > S": (lambda: _attn(prefix=7), r"prefix_len \+ N must be <= S.*prefix_len = 7, N = 4, S = 10"),
     "prefix < 0": (lambda: _attn(prefix=-1), "prefix_len must be >= 0, got -1"),
-    "prefix dtype": (lambda: _attn(prefix_len=torch.tensor(2, dtype=torch.int32)),
-                     "prefix_len must be a 0-dim int64 tensor"),
-    "mixed dtypes": (lambda: _attn(ckv=torch.randn(10, 8).bfloat16()),
-                     r"ckv \(same dtype as q_lat\) must be float32, got bfloat16"),
+    "prefix dtype": (
+        lambda: _attn(prefix_len=torch.tensor(2, dtype=torch.int32)),
+        "prefix_len must be a 0-dim int64 tensor",
+    ),
+    "mixed dtypes": (
+        lambda: _attn(ckv=torch.randn(10, 8).bfloat16()),
+        r"ckv \(same dtype as q_lat\) must be float32, got bfloat16",
+    ),
     "q dtype": (lambda: _attn(q_lat=torch.randn(4, 2, 8).double()), "q_lat must be float32 or bfloat16, got float64"),
     "H mismatch": (lambda: _attn(q_pe=torch.randn(4, 3, 4)), r"q_pe \[N, H, P\] must match q_lat \[N, H, R\] in N"),
     "R mismatch": (lambda: _attn(ckv=torch.randn(10, 9)), r"ckv \[S, R\] must have R = q_lat.size\(2\) = 8"),
     "S mismatch": (lambda: _attn(kpe=torch.randn(11, 4)), r"kpe \[S, P\] and ckv \[S, R\] must have the same S"),
-    "mask shape": (lambda: _attn(block_mask=torch.ones(4, 3, dtype=torch.bool)),
-                   r"block_mask must be \[N, N\] with N = q_lat.size\(0\) = 4"),
+    "mask shape": (
+        lambda: _attn(block_mask=torch.ones(4, 3, dtype=torch.bool)),
+        r"block_mask must be \[N, N\] with N = q_lat.size\(0\) = 4",
+    ),
     "mask dtype": (lambda: _attn(block_mask=torch.ones(4, 4)), "block_mask must be bool, got float32"),
     "q strides": (lambda: _attn(q_lat=torch.randn(2, 4, 8).transpose(0, 1)), "q_lat must be contiguous"),
     "target dtype": (lambda: _accept([1, 2], [-1, 0], [2, 0], dtype=torch.int32), "target must be int64, got int32"),
     "accept lengths": (lambda: _accept([1, 2], [-1, 0, 0], [2, 0]), r"tokens, parents and target must all be \[N\]"),
     "parent order": (lambda: _accept([1, 2], [-1, 1], [2, 0]), r"parents\[1\] = 1 must be -1 or a node index below 1"),
-    "path too long": (lambda: _accept([1, 2, 3], [-1, 0, 1], [2, 3, 0]),
-                      r"accepted path is longer than max_depth \+ 1 = 2"),
+    "path too long": (
+        lambda: _accept([1, 2, 3], [-1, 0, 1], [2, 3, 0]),
+        r"accepted path is longer than max_depth \+ 1 = 2",
+    ),
     "layers mismatch": (lambda: _compact([0, -1], kpe_layers=3), "must agree in num_layers and S"),
     "path order": (lambda: _compact([0, 3, 2]), r"path must be increasing.*path\[1\] = 3 and path\[2\] = 2"),
-    "path beyond S": (lambda: _compact([0, 4], prefix=5),
-                      r"path\[1\] = 4 points at cache row prefix_len \+ 4 = 9, beyond S = 9"),
+    "path beyond S": (
+        lambda: _compact([0, 4], prefix=5),
+        r"path\[1\] = 4 points at cache row prefix_len \+ 4 = 9, beyond S = 9",
+    ),
 }
 
 

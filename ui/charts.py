@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from engine.records import RunRecord, StepRecord
@@ -38,6 +39,7 @@ def kernel_bars(run: RunRecord) -> go.Figure:
                             hovertemplate=f"{label}<br>step %{{x}}: %{{y:.3f}} ms<extra></extra>")
                      for label in labels])
     fig.update_layout(barmode="stack", xaxis_title="step", yaxis_title="ms (self time)", height=420,
+                      colorway=qualitative.Dark24, title="Time per step by range (self time, layers folded)",
                       legend={"font": {"size": 10}}, margin={"t": 30, "b": 40})
     return fig
 

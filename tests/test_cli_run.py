@@ -1,0 +1,111 @@
+"""`python -m engine run`: a real decode of the tiny fixture to a report directory, and the error cases."""
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+
+import pytest
+import torch
+
+from engine.__main__ import main
+from profiling.report import FORMATS
+
+TINY = pathlib.Path(__file__).parent / "refs" / "model_tiny.kdtr"
+
+BASE = ["run", "--fixture", str(TINY), "--max-new", "6", "--budget", "6", "--block-size", "4"]
+
+
+def fill_with_sentinels(directory) -> dict[str, str]:
+    directory.mkdir(exist_ok=True)
+    content = {name: f"old {name} {random.random()}" for name in FORMATS}
+    for name, text in content.items():
+        (directory / name).write_text(text)
+    return content
+
+
+def assert_untouched(directory, content: dict[str, str]) -> None:
+    assert {p.name: p.read_text() for p in directory.iterdir()} == content
+
+
+def test_run_writes_all_five_reports(tmp_path, capsys):
+    out = tmp_path / "reports"
+    noise = round(random.uniform(0, 0.5), 2)
+    assert main([*BASE, "--noise", str(noise), "--seed", str(random.randrange(100)), "--report", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "speedup" in printed.out and "greedy-exact: DDTree tokens == AR tokens" in printed.out
+    assert "ddtree [" in printed.err and "6/6 tokens" in printed.err
+    assert sorted(p.name for p in out.iterdir()) == sorted(FORMATS)
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["summary"]["greedy_exact"] and doc["config"]["drafter"]["noise"] == noise
+    assert doc["config"]["decode"]["budget"] == 6 and len(doc["summary"]["ddtree_tokens"]) == 6
+
+
+def test_run_profile_and_force(tmp_path, capsys):
+    out = tmp_path / "reports"
+    content = fill_with_sentinels(out)
+    assert main([*BASE, "--profile", "--report", str(out), "--force"]) == 0
+    capsys.readouterr()
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["capture"]["activities"] == ["cpu"]
+    assert all((out / name).read_text() != old for name, old in content.items())
+
+
+def test_run_without_a_report_prints_the_summary_only(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([*BASE, "--prompt", "3, 1 4"]) == 0
+    assert "tokens/s" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
+
+
+def test_existing_reports_without_force_are_left_untouched(tmp_path, capsys):
+    out = tmp_path / "reports"
+    content = fill_with_sentinels(out)
+    assert main([*BASE, "--report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--force" in err and "report.json" in err
+    assert_untouched(out, content)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fixture", "/no/such/model.kdtr"], "no such file"),
+    (["--model", "/no/such/dir"], "no such file or directory"),
+    (["--fixture", str(TINY), "--prompt", "1,x"], "not integers"),
+    (["--fixture", str(TINY), "--prompt", "99999999"], "out of range"),
+    (["--fixture", str(TINY), "--noise", "1.5"], "--noise"),
+    (["--fixture", str(TINY), "--budget", "-1"], "budget"),
+    (["--fixture", str(TINY), "--block-size", "1"], "block_size"),
+    (["--fixture", str(TINY), "--max-new", "0"], "max_new_tokens"),
+])
+def test_bad_inputs_exit_2_with_a_clear_message(args, message, capsys):
+    assert main(["run", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_report_path_that_is_a_file_or_under_one(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("keep")
+    for target, message in ((blocker, "not a directory"), (blocker / "sub", "cannot create")):
+        assert main([*BASE, "--report", str(target)]) == 2
+        assert message in capsys.readouterr().err
+    assert blocker.read_text() == "keep"
+
+
+def test_a_fixture_that_is_not_a_kdtr(tmp_path, capsys):
+    bad = tmp_path / "bad.kdtr"
+    bad.write_bytes(random.randbytes(64))
+    assert main(["run", "--fixture", str(bad)]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_without_a_gpu(capsys):
+    assert main([*BASE, "--device", "cuda"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_fixture_and_model_are_exclusive_and_one_is_required(capsys):
+    for argv in (["run"], ["run", "--fixture", str(TINY), "--model", str(TINY)]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+    assert "--fixture" in capsys.readouterr().err
