@@ -2,7 +2,7 @@
 
 Importing this module loads the op library (kernels.load()): the fake kernels need the schemas.
 
-Contracts (the one place in code where they are written; /work/notes/common.md has the long form).
+Contracts (the one place in code where they are written; README.md, "Custom ops", has the long form).
 Index scalars (root_token, prefix_len, path_len, bonus) are 0-dim int64 tensors on the op's device.
 
 tree_build(draft_logprobs [L, V] f32, root_token, budget B in 0..1024)

@@ -112,8 +112,8 @@ def shot(page, name: str) -> None:
     """Screenshot the whole page: Streamlit scrolls inside a container, so grow the viewport to the content."""
     settle(page)
     size = page.viewport_size
-    height = page.evaluate("() => Math.max(...Array.from(document.querySelectorAll('*'), e => e.scrollHeight))")
-    page.set_viewport_size({"width": size["width"], "height": min(height + 40, 8000)})
+    height = page.locator('[data-testid="stMainBlockContainer"]').evaluate("el => el.scrollHeight")
+    page.set_viewport_size({"width": size["width"], "height": max(size["height"], min(height + 80, 8000))})
     page.wait_for_timeout(800)  # plotly charts re-lay out to the new size
     DOCS.mkdir(exist_ok=True)
     page.screenshot(path=str(DOCS / f"{name}.png"), full_page=True)
