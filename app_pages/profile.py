@@ -1,7 +1,7 @@
 """Profile: where a step's time goes, AR vs DDTree speed, acceptance, and the best budget for this model."""
 import streamlit as st
 
-from engine.sweep import DEFAULT_BUDGETS, parse_budgets
+from engine.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
 from profiling.charts import acceptance_figure, position_figure
 from profiling.metrics import kernel_table, summarize
 from ui import charts, state, views
@@ -38,7 +38,9 @@ position_col.plotly_chart(position_figure(summary), width="stretch")
 st.subheader("Budget sweep")
 st.caption("The same prompt decoded with DDTree at each budget B; the fastest B per generated token is starred. "
            "CLI: `python -m engine sweep`.")
-text = st.text_input("Budgets", ", ".join(map(str, DEFAULT_BUDGETS)), key="sweep_budgets")
+budgets_col, repeats_col = st.columns([4, 1])
+text = budgets_col.text_input("Budgets", ", ".join(map(str, DEFAULT_BUDGETS)), key="sweep_budgets")
+repeats = repeats_col.number_input("Repeats", 1, 20, 3, key="sweep_repeats", help="Decodes per budget, fastest kept")
 if st.button("Run sweep", icon=":material/tune:"):
     try:
         budgets = parse_budgets(text)
@@ -46,11 +48,12 @@ if st.button("Run sweep", icon=":material/tune:"):
         st.error(str(exc))
     else:
         bar = st.progress(0.0, text="Sweeping...")
-        state.sweep(budgets, lambda done, total: bar.progress(done / total, text=f"Budget {done}/{total}"))
+        state.sweep(budgets, int(repeats),
+                    lambda done, total: bar.progress(done / total, text=f"Budget {done}/{total}"))
         bar.empty()
 rows = st.session_state.sweep
 if rows:
-    best = min(rows, key=lambda r: r["ms_per_token"])
+    best = fastest(rows)
     st.markdown(f"Fastest: **B = {best['budget']}**, {best['ms_per_token']:.3f} ms per token, tau {best['tau']:.2f}.")
     st.dataframe(rows, hide_index=True, width="stretch", height="content")
     st.plotly_chart(charts.sweep(rows), width="stretch")

@@ -2,6 +2,7 @@
 decode, run AR and DDTree side by side, parse a typed prompt."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 
@@ -64,14 +65,22 @@ def decode(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str
 def decode_pair(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, noise: float = 0.0,
                 drafter_seed: int = 0, profile_timers: bool = True,
                 on_step: Callable[[StepRecord], None] | None = None,
-                model: TargetModel | None = None) -> tuple[RunRecord, RunRecord]:
-    """AR, then DDTree, on the same prompt, config and model. on_step sees both runs' steps in turn."""
+                model: TargetModel | None = None, warmup: bool = True) -> tuple[RunRecord, RunRecord]:
+    """AR, then DDTree, on the same prompt, config and model. on_step sees both runs' steps in turn.
+    warmup first runs two untimed steps of each mode, so one-time costs (library handles, first-touch
+    allocations) stay out of the AR numbers."""
     model = model or load_target(ckpt, cfg)
+    continuation = golden_for(ckpt, prompt)
+    if warmup:
+        short = dataclasses.replace(cfg, max_new_tokens=min(cfg.max_new_tokens, 2))
+        for mode in ("ar", "ddtree"):
+            make_decoder(ckpt, prompt, short, mode, noise, drafter_seed, model=model,
+                         continuation=continuation or []).run()
 
     def timer() -> StepTimer:
         return StepTimer(model.device, enabled=profile_timers)
 
     ar = ARDecoder(model, prompt, cfg, timer()).run(on_step)
-    continuation = golden_for(ckpt, prompt) or ar.tokens
-    dd = make_decoder(ckpt, prompt, cfg, "ddtree", noise, drafter_seed, timer(), model, continuation).run(on_step)
+    dd = make_decoder(ckpt, prompt, cfg, "ddtree", noise, drafter_seed, timer(), model,
+                      continuation or ar.tokens).run(on_step)
     return ar, dd

@@ -61,9 +61,10 @@ def summary_section(s: dict, env: dict, ar: RunRecord, dd: RunRecord) -> str:
             f"<p class='note'>{_e(env_line)}</p>")
 
 
-def kernel_section(rows: list[dict], captured: bool) -> str:
+def kernel_section(rows: list[dict], capture: Capture | None) -> str:
+    on_device = capture is not None and "cuda" in capture.activities
     header = ["mode", "range", "count", "total ms", "mean ms", "p50 ms", "p95 ms", "self ms", "share"]
-    header += ["profiler host ms", "device ms"] if captured else []
+    header += (["profiler host ms"] if capture is not None else []) + (["device ms"] if on_device else [])
     body = []
     for r in rows:
         name = "  " * r["depth"] + r["name"][len(r["parent"]) + 1:] if r["parent"] else r["name"]
@@ -71,8 +72,10 @@ def kernel_section(rows: list[dict], captured: bool) -> str:
         row = [f"<td>{_fmt(c)}</td>" for c in cells]
         row[1] = f'<td class="name" title="{_e(r["name"])}">{_e(name)}</td>'
         row.append(f"<td>{r['share']:.1%}</td>" if r["share"] is not None else "<td>–</td>")
-        if captured:
-            row += [f"<td>{_fmt(r['profiler_cpu_ms'])}</td>", f"<td>{_fmt(r['device_ms'])}</td>"]
+        if capture is not None:
+            row.append(f"<td>{_fmt(r['profiler_cpu_ms'])}</td>")
+        if on_device:
+            row.append(f"<td>{_fmt(r['device_ms'])}</td>")
         body.append(row)
     return ("<h2>Kernel breakdown</h2><p class='note'>One row per timed range, indented under its parent; share = "
             "the range's total / the total step time (nested rows add up within their parent). Hover a name for "
@@ -112,11 +115,16 @@ def chosen_steps(dd: RunRecord, summary: dict) -> list[StepRecord]:
 
 
 def ops_section(capture: Capture) -> str:
+    on_device = "cuda" in capture.activities
     parts = []
     for mode, rc in capture.runs.items():
-        rows = [[f'<td class="name">{_e(o.range)}</td>', f'<td class="name">{_e(o.name)}</td>', f"<td>{o.count}</td>",
-                 f"<td>{_fmt(o.cpu_ms)}</td>", f"<td>{_fmt(o.device_ms)}</td>"] for o in rc.ops[:MAX_OPS]]
-        parts.append(f"<h3>{_e(mode)}</h3>" + _table(["range", "op", "calls", "host ms", "device ms"], rows))
+        rows = []
+        for o in rc.ops[:MAX_OPS]:
+            row = [f'<td class="name">{_e(o.range)}</td>', f'<td class="name">{_e(o.name)}</td>',
+                   f"<td>{o.count}</td>", f"<td>{_fmt(o.cpu_ms)}</td>"]
+            rows.append(row + ([f"<td>{_fmt(o.device_ms)}</td>"] if on_device else []))
+        header = ["range", "op", "calls", "host ms"] + (["device ms"] if on_device else [])
+        parts.append(f"<h3>{_e(mode)}</h3>" + _table(header, rows))
     return (f"<h2>torch.profiler capture ({_e(', '.join(capture.activities))})</h2><p class='note'>Top-level ops "
             "called directly inside each range, by time; timer numbers of a captured run include the profiler's "
             "overhead.</p>" + "".join(parts))
@@ -133,7 +141,7 @@ def render(ar: RunRecord, dd: RunRecord, capture: Capture | None = None) -> byte
     body = "".join([
         f"<h1>DDTree Studio report</h1><p class='note'>model: {_e(dd.model)}<br>decode: {_e(dd.decode)}</p>",
         summary_section(s, env, ar, dd),
-        kernel_section(rows, capture is not None), divs[0],
+        kernel_section(rows, capture), divs[0],
         "<h2>Per-step timeline</h2>", divs[1], divs[2],
         "<h2>Acceptance</h2>", divs[3], divs[4],
         token_diff_section(s, dd),

@@ -10,10 +10,11 @@ import os
 import pathlib
 import uuid
 from collections.abc import Callable
+from types import ModuleType
 
 from engine.records import RunRecord
 
-from . import export_csv, export_html, export_json, export_trace
+from . import export_csv, export_json, export_trace
 from .capture_data import Capture
 
 
@@ -21,9 +22,20 @@ class ReportError(ValueError):
     """The reports cannot be written where asked."""
 
 
+def html_exporter() -> ModuleType:
+    """profiling.export_html, imported on first use: it needs plotly, which the engine itself does not (the
+    GPU machine runs the engine without it)."""
+    try:
+        from . import export_html
+    except ImportError as exc:
+        raise ReportError(f"report.html needs plotly ({exc}): pip install plotly, or write the reports on a "
+                          "machine that has it") from exc
+    return export_html
+
+
 Renderer = Callable[[RunRecord, RunRecord, Capture | None], bytes]
 FORMATS: dict[str, Renderer] = {
-    "report.html": export_html.render,
+    "report.html": lambda ar, dd, capture: html_exporter().render(ar, dd, capture),
     "report.json": export_json.render,
     "kernels.csv": export_csv.render_kernels,
     "steps.csv": lambda ar, dd, capture: export_csv.render_steps(ar, dd),
@@ -39,7 +51,9 @@ def render(ar: RunRecord, dd: RunRecord, fmt: str, capture: Capture | None = Non
 
 
 def check_out_dir(out_dir: pathlib.Path, force: bool) -> None:
-    """out_dir can hold the exports: a directory (or one we can create) with no export in it unless force."""
+    """out_dir can hold the exports: a directory (or one we can create) with no export in it unless force,
+    and every format can be rendered here."""
+    html_exporter()
     if out_dir.exists() and not out_dir.is_dir():
         raise ReportError(f"--report {out_dir} exists and is not a directory: pick a directory path")
     if not out_dir.exists():

@@ -9,32 +9,33 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
-try:  # the nvtx package gives domains and categories; torch.cuda.nvtx is the fallback
-    import nvtx as _nvtx
+NvtxHooks = tuple[Callable[[str], None], Callable[[], None]]  # push(full name), pop()
 
-    _DOMAIN = _nvtx.get_domain("ddtree")
-    _ATTRS: dict[str, object] = {}  # full name -> NVTX event attributes (None when no NVTX tool is attached)
 
-    def _push(name: str) -> None:
-        if name not in _ATTRS:
-            _ATTRS[name] = _DOMAIN.get_event_attributes(message=name, category=stage_category(name))
-        _DOMAIN.push_range(_ATTRS[name])
+def nvtx_hooks() -> NvtxHooks | None:
+    """Push/pop of NVTX ranges: the nvtx package (domain "ddtree", a category per stage), else torch.cuda.nvtx
+    on a CUDA machine. None when nothing would record them (the package returns a no-op domain when no NVTX
+    tool such as Nsight Systems is attached), so ranges then cost nothing for NVTX."""
+    try:
+        import nvtx
+    except ImportError:  # pragma: no cover - exercised on machines without the nvtx package
+        return (torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop) if torch.cuda.is_available() else None
+    domain = nvtx.get_domain("ddtree")
+    if domain.get_event_attributes(message="ddtree") is None:
+        return None
+    attributes: dict[str, object] = {}
 
-    def _pop() -> None:
-        _DOMAIN.pop_range()
+    def push(name: str) -> None:
+        if name not in attributes:
+            attributes[name] = domain.get_event_attributes(message=name, category=stage_category(name))
+        domain.push_range(attributes[name])
 
-except ImportError:  # pragma: no cover - exercised on machines without the nvtx package
-    def _push(name: str) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.nvtx.range_push(name)
-
-    def _pop() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.nvtx.range_pop()
+    return push, domain.pop_range
 
 
 def stage_category(name: str) -> str:
@@ -52,6 +53,7 @@ class Span(NamedTuple):
 
 
 _NULL_RANGE = contextlib.nullcontext()
+_NVTX = nvtx_hooks()
 
 
 class _Range:
@@ -70,7 +72,8 @@ class _Range:
         stack.append(full)
         self._seq = timer._num_opened
         timer._num_opened += 1
-        _push(full)
+        if _NVTX is not None:
+            _NVTX[0](full)
         self._record = None
         if timer.annotate:
             self._record = torch.profiler.record_function(full)
@@ -83,7 +86,8 @@ class _Range:
         if self._record is not None:
             self._record.__exit__(None, None, None)
         timer._pending.append((self._seq, self._full, self._start, end))
-        _pop()
+        if _NVTX is not None:
+            _NVTX[1]()
         timer._stack.pop()
 
 

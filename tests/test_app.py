@@ -228,6 +228,7 @@ def test_profile_page_tables_charts_and_sweep():
     assert "'x'" in at.error[0].value
     budgets = sorted(random.sample(range(1, 17), 2))
     at.text_input(key="sweep_budgets").set_value(" ".join(map(str, budgets)))
+    at.number_input(key="sweep_repeats").set_value(2)
     press(at, "Run sweep")
     rows = at.dataframe[1].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -109,3 +111,23 @@ def test_fixture_and_model_are_exclusive_and_one_is_required(capsys):
             main(argv)
         assert exc.value.code == 2
     assert "--fixture" in capsys.readouterr().err
+
+
+def test_without_plotly_the_run_works_and_reports_fail_up_front(tmp_path):
+    """The GPU machine has no plotly: `run` must still import and decode; --report says what is missing."""
+    code = ("import sys; sys.modules['plotly'] = None\n"
+            "from engine.__main__ import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    base = [sys.executable, "-c", code, *BASE[:3], "--max-new", "3"]
+    root = pathlib.Path(__file__).parent.parent
+    plain = subprocess.run(base, capture_output=True, text=True, cwd=root, timeout=300)
+    assert plain.returncode == 0 and "speedup" in plain.stdout, plain.stderr
+    out = tmp_path / "reports"
+    failed = subprocess.run([*base, "--report", str(out)], capture_output=True, text=True, cwd=root, timeout=300)
+    assert failed.returncode == 2 and "report.html needs plotly" in failed.stderr
+    assert not out.exists() and "speedup" not in failed.stdout  # refused before decoding
+
+
+def test_model_accepts_a_kdtr_file(capsys):
+    assert main(["run", "--model", str(TINY), "--max-new", "3", "--budget", "4"]) == 0
+    assert "greedy-exact" in capsys.readouterr().out

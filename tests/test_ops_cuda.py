@@ -104,7 +104,7 @@ def test_tree_build_orders_nan_like_minus_inf(ops):
     draft = _draft(seed, 4, 1000, "ties")
     draft[torch.rand(draft.shape, generator=torch.Generator().manual_seed(seed)) < 0.2] = float("nan")
     got = ops.tree_build(draft.to(CUDA), torch.tensor(3, device=CUDA), 200)
-    _assert_same(got, ops.tree_build(draft.nan_to_num(nan=float("-inf")), torch.tensor(3), 200), seed)
+    _assert_same(got, ops.tree_build(draft.masked_fill(draft.isnan(), float("-inf")), torch.tensor(3), 200), seed)
 
 
 # ---------------------------------------------------------------- verify_attn
@@ -346,5 +346,6 @@ def test_cuda_limits_and_devices_raise_clear_errors(ops):
     mask = torch.ones(2, 2, dtype=torch.bool, device=CUDA)
     with pytest.raises(RuntimeError, match=r"verify_attn \(CUDA\): R = q_lat.size\(2\) = 1024 must be in \[1, 512\]"):
         ops.verify_attn(q_lat, q_pe, ckv, kpe, torch.tensor(0, device=CUDA), mask, 0.1)
+    q_lat, ckv = torch.randn(2, 1, 512, device=CUDA), torch.randn(4, 512, device=CUDA)
     with pytest.raises(RuntimeError, match="prefix_len is on cpu but q_lat is on cuda"):
-        ops.verify_attn(q_lat[..., :512], q_pe, ckv[:, :512], kpe, torch.tensor(0), mask, 0.1)
+        ops.verify_attn(q_lat, q_pe, ckv, kpe, torch.tensor(0), mask, 0.1)

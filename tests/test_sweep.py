@@ -30,7 +30,8 @@ def test_rows_match_independent_decodes(tiny_checkpoint, model):
     cfg = DecodeConfig(block_size=block_size, max_new_tokens=rng.randint(8, 24))
     progress = []
     rows = budget_sweep(tiny_checkpoint, prompt, cfg, budgets, noise=noise, drafter_seed=seed,
-                        on_progress=lambda done, total: progress.append((done, total)), model=model)
+                        on_progress=lambda done, total: progress.append((done, total)), model=model,
+                        repeats=random.randint(1, 3))
     assert [r["budget"] for r in rows] == sorted(set(budgets))
     assert progress == [(i + 1, len(rows)) for i in range(len(rows))]
     for row in rows:
@@ -75,6 +76,8 @@ def test_sweep_refuses_bad_budgets(tiny_checkpoint, model):
         budget_sweep(tiny_checkpoint, prompt, DecodeConfig(), [4, -3], model=model)
     with pytest.raises(ValueError, match="no budgets"):
         budget_sweep(tiny_checkpoint, prompt, DecodeConfig(), [], model=model)
+    with pytest.raises(ValueError, match="repeats=0"):
+        budget_sweep(tiny_checkpoint, prompt, DecodeConfig(), [4], model=model, repeats=0)
 
 
 def test_format_rows_marks_the_fastest():
@@ -87,9 +90,9 @@ def test_format_rows_marks_the_fastest():
 
 def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sweep.json"
-    assert main(["sweep", "--budgets", "2, 1", "--max-new-tokens", "12", "--json", str(out)]) == 0
+    assert main(["sweep", "--budgets", "2, 1", "--max-new-tokens", "12", "--repeats", "2", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert [r["budget"] for r in data["rows"]] == [1, 2]
+    assert [r["budget"] for r in data["rows"]] == [1, 2] and data["repeats"] == 2
     assert data["decode"]["max_new_tokens"] == 12
     assert "fastest" in capsys.readouterr().out
 

@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from profiling import timers
 from profiling.spans import nested
 from profiling.timers import Span, StepTimer, stage_category
 
@@ -118,3 +119,21 @@ def test_nested_clips_an_overhanging_child():
     assert [d for _, d in out] == [0, 1, 2, 1]
     assert out[2][0] == Span("step/a/b", 40, 20)  # clipped to end with step/a at 60
     assert out[3][0] == Span("step/c", 90, 10)
+
+
+def test_ranges_push_and_pop_nvtx_with_full_names(monkeypatch):
+    events = []
+    monkeypatch.setattr(timers, "_NVTX", (lambda name: events.append(("push", name)), lambda: events.append("pop")))
+    timer = StepTimer("cpu")
+    with timer.range("step"):
+        with timer.range("verify"), timer.range("layer0/attn"):
+            pass
+        with pytest.raises(ValueError), timer.range("tree_accept"):
+            raise ValueError
+    assert events == [("push", "step"), ("push", "step/verify"), ("push", "step/verify/layer0/attn"), "pop", "pop",
+                      ("push", "step/tree_accept"), "pop", "pop"]
+    monkeypatch.setattr(timers, "_NVTX", (lambda name: events.append(name), lambda: events.append("pop")))
+    events.clear()
+    with StepTimer("cpu", enabled=False).range("step"):
+        pass
+    assert events == []

@@ -10,6 +10,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from engine.records import RunRecord, StepRecord
+from engine.sweep import fastest
 from profiling.metrics import range_parents
 from profiling.spans import nested, step_spans
 
@@ -27,7 +28,7 @@ def self_ms(step: StepRecord) -> dict[str, float]:
             own[parent] -= times[name]
     out: dict[str, float] = {}
     for name, ns in own.items():
-        label = _LAYER.sub("/layer*/", name.removeprefix("step/")) if name != "step" else "step (host, untimed)"
+        label = _LAYER.sub("/layer*/", name.removeprefix("step/")) if name != "step" else "step (between stages)"
         out[label] = out.get(label, 0.0) + max(ns, 0) / 1e6
     return out
 
@@ -40,7 +41,7 @@ def kernel_bars(run: RunRecord) -> go.Figure:
                      for label in labels])
     fig.update_layout(barmode="stack", xaxis_title="step", yaxis_title="ms (self time)", height=420,
                       colorway=qualitative.Dark24, title="Time per step by range (self time, layers folded)",
-                      legend={"font": {"size": 10}}, margin={"t": 30, "b": 40})
+                      legend={"font": {"size": 10}}, margin={"t": 50, "b": 40})
     return fig
 
 
@@ -65,7 +66,7 @@ def sweep(rows: list[dict]) -> go.Figure:
     fig.add_scatter(x=budgets, y=[r["tau"] for r in rows], mode="lines+markers", row=1, col=1, showlegend=False)
     fig.add_scatter(x=budgets, y=[r["ms_per_token"] for r in rows], mode="lines+markers", row=1, col=2,
                     showlegend=False)
-    best = min(rows, key=lambda r: r["ms_per_token"])
+    best = fastest(rows)
     fig.add_scatter(x=[best["budget"]], y=[best["ms_per_token"]], mode="markers", row=1, col=2, name="fastest",
                     marker={"size": 14, "symbol": "star", "color": "#d62728"})
     fig.update_xaxes(type="log" if min(budgets) > 0 else "linear", tickvals=budgets, title_text="budget B")

@@ -77,7 +77,7 @@ def _model() -> str:
     return model
 
 
-def _prompt(model: str, vocab_size: int, fixture_prompt: list[int] | None) -> tuple[int, ...] | None:
+def _prompt(vocab_size: int, fixture_prompt: list[int] | None) -> tuple[int, ...] | None:
     st.header("Prompt")
     sources = ["fixture prompt", "token ids"] if fixture_prompt is not None else ["token ids"]
     source = st.radio("Prompt", sources, key="prompt_source", horizontal=True, label_visibility="collapsed")
@@ -99,7 +99,7 @@ def sidebar() -> Settings | None:
         model = _model()
         ckpt = checkpoint(model)
         fixture_prompt = None if ckpt.prompt is None else [int(t) for t in ckpt.prompt]
-        prompt = _prompt(model, ckpt.config.vocab_size, fixture_prompt)
+        prompt = _prompt(ckpt.config.vocab_size, fixture_prompt)
         st.header("Drafter")
         drafter = st.selectbox("Drafter", list(DRAFTERS), key="drafter", help=DRAFTERS["oracle"])
         noise = st.slider("Noise", 0.0, 1.0, step=0.05, key="noise",

@@ -137,9 +137,9 @@ def forget_pair() -> None:
     st.session_state.pair = st.session_state.reports = None
 
 
-def sweep(budgets: list[int], on_progress: Callable[[int, int], None]) -> list[dict]:
+def sweep(budgets: list[int], repeats: int, on_progress: Callable[[int, int], None]) -> list[dict]:
     ss = st.session_state
     s = ss.settings
     ss.sweep = _engine(budget_sweep, checkpoint(s.model), list(s.prompt), s.decode_config(), budgets,
-                       noise=s.noise, drafter_seed=s.seed, on_progress=on_progress, model=_model(s))
+                       noise=s.noise, drafter_seed=s.seed, on_progress=on_progress, model=_model(s), repeats=repeats)
     return ss.sweep

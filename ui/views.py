@@ -4,7 +4,7 @@ from __future__ import annotations
 from engine.records import RunRecord, StepRecord
 from profiling.metrics import committing_step, stage_ns, top2_gap
 
-# Okabe-Ito-like qualitative palette, light enough for dark text; the prefill token is grey.
+# Pastel colours that keep dark token text readable, cycled per step; the prefill token is grey.
 STEP_COLOURS = ("#cfe2f3", "#fce5cd", "#d9ead3", "#ead1dc", "#fff2cc", "#d0e0e3", "#f4cccc", "#d9d2e9")
 PREFILL_COLOUR = "#e0e0e0"
 
