@@ -169,7 +169,7 @@ class Decoder:
             tree=TreeRecord(tokens=tokens.tolist(), parents=parents.tolist(), depths=depths.tolist(),
                             ranks=ranks.tolist(), scores=scores.tolist(), visibility=visibility.numpy()),
             target=target, logit_gap=(top2[:, 1] - top2[:, 0]).tolist(), path=path, bonus=int(st.bonus),
-            committed=committed, timings_ns=self.timer.results_ns(),
+            committed=committed, timings_ns=self.timer.results_ns(), spans=self.timer.last_spans(),
         )
 
     def run(self, on_step: Callable[[StepRecord], None] | None = None) -> RunRecord:

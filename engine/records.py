@@ -45,6 +45,7 @@ class StepRecord:
     committed: list[int]  # tokens this step committed: accepted drafted tokens + the bonus
     timings_ns: dict[str, int] = field(default_factory=dict)  # stage name -> elapsed ns (empty: timer off)
     wall_ns: int = 0  # host wall time of the step, reading its record included
+    spans: list[tuple[str, int, int]] = field(default_factory=list)  # (range name, start ns from step start, ns)
 
     @property
     def num_accepted(self) -> int:

@@ -31,10 +31,10 @@ __global__ void __launch_bounds__(kThreads) kv_compact_kernel(KvCompactArgs a) {
       const int64_t node = (!ended && i < a.path_size) ? a.path[i] : -1;
       ended = ended || node < 0;
       dst[k] = prefix + i;
-      src[k] = ended ? -1 : prefix + node;
-      const bool copy = src[k] != dst[k] && src[k] >= 0 && src[k] < a.cache_rows && dst[k] >= 0 && dst[k] < a.cache_rows;
-      if (!copy) src[k] = -1;
-      if (copy) value[k] = layer[src[k] * row_units];
+      src[k] = prefix + node;
+      const bool in_cache = src[k] >= 0 && src[k] < a.cache_rows && dst[k] >= 0 && dst[k] < a.cache_rows;
+      if (ended || !in_cache || src[k] == dst[k]) src[k] = -1;  // -1: nothing to copy
+      if (src[k] >= 0) value[k] = layer[src[k] * row_units];
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {

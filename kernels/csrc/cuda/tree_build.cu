@@ -272,9 +272,8 @@ __device__ int run_best_first(const SelectSmem& s, int budget, const TopKPlan& p
     const int parent_lane = parent % kWarpSize;
     const int node_lane = node % kWarpSize;
     if (lane == parent_lane) {  // the parent's next child: the popped node's next sibling
-      s.entry[parent] = rank + 1 < k
-                            ? heap_entry(s.score[parent] + s.logprobs[(depth - 1) * k + rank + 1], depth, rank + 1, parent)
-                            : 0;
+      const float sibling_lp = rank + 1 < k ? s.logprobs[(depth - 1) * k + rank + 1] : 0.0f;
+      s.entry[parent] = rank + 1 < k ? heap_entry(s.score[parent] + sibling_lp, depth, rank + 1, parent) : 0;
     }
     if (lane == node_lane) {  // the popped node's first child
       s.score[node] = score;

@@ -52,11 +52,11 @@ __device__ __forceinline__ void load_vec(const T* src, float* dst) {
   } else {
     static_assert(kVec == 8);
     const uint4 raw = *reinterpret_cast<const uint4*>(src);
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(pairs[i]);
-      dst[2 * i] = f.x, dst[2 * i + 1] = f.y;
+    for (int i = 0; i < 4; ++i) {  // a bfloat16 is the top half of its float32: widening is a shift
+      dst[2 * i] = __uint_as_float(words[i] << 16);
+      dst[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
     }
   }
 }
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) verify_attn_partial_kernel(VerifyAtt
     load_rows<T, kVec>(a.kpe, a.rope_dim, tile, num_rows, s_kv, stride, rope_col);
     if (threadIdx.x < kTileRows) {
       const int u = tile + threadIdx.x;
-      s_visible[threadIdx.x] = threadIdx.x < num_rows && (u < rows.prefix || mask_row[u - rows.prefix]);
+      s_visible[threadIdx.x] = u < tile + num_rows && (u < rows.prefix || mask_row[u - rows.prefix]);
     }
     __syncthreads();
     if (!warp_ok) continue;
