@@ -1,16 +1,22 @@
-"""The Python baseline tree_build is measured against, and random trees for the kernel benchmarks.
+"""What the kernels are measured against, and their random inputs.
 
-heapq_tree_build is the usual way to build a DDTree draft tree without a kernel: torch.topk per depth on the
-device, then a best-first loop over Python's heapq on the host. It follows the ddtree.tree_build contract
-exactly (float32 cumulative scores, ties to lower depth, rank, parent), so its trees can be compared with the
-op's, element for element.
+torch_attention is the plain-torch absorbed attention verify_attn replaces; float64_attention the reference
+both are checked against. heapq_tree_build is the usual way to build a DDTree draft tree without a kernel:
+torch.topk per depth on the device, then a best-first loop over Python's heapq on the host. It follows the
+ddtree.tree_build contract exactly (float32 cumulative scores, ties to lower depth, rank, parent), so its
+trees can be compared with the op's, element for element.
 """
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+# Kimi-K2 attention widths: heads, kv_lora_rank, qk_rope_head_dim; softmax scale = qk_head_dim ** -0.5
+HEADS, RANK, ROPE = 64, 512, 64
+SCALE = (128 + ROPE) ** -0.5
 
 
 def visibility_of(parents: np.ndarray) -> np.ndarray:
@@ -56,3 +62,51 @@ def heapq_tree_build(draft_logprobs: torch.Tensor, root_token: int,
                 heapq.heappush(heap, (-(scores[node] + lp[depth, 0]), depth + 1, 0, node))
             node += 1
     return tokens, parents, depths, ranks, scores, visibility_of(parents)
+
+
+@dataclass(slots=True)
+class AttnSet:
+    """One verify_attn input set, and the [N, prefix + N] mask the torch baseline needs (made untimed)."""
+
+    q_lat: torch.Tensor  # [N, H, R]
+    q_pe: torch.Tensor  # [N, H, P]
+    ckv: torch.Tensor  # [S, R]
+    kpe: torch.Tensor  # [S, P]
+    prefix_len: torch.Tensor  # 0-dim int64
+    block_mask: torch.Tensor  # [N, N] bool: a random tree's visibility
+    visible: torch.Tensor  # [N, prefix + N] bool
+    prefix: int
+
+
+def attn_set(n: int, s: int, dtype: torch.dtype, device: torch.device, rng: np.random.Generator) -> AttnSet:
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    prefix = s - n
+    mask = torch.from_numpy(visibility_of(random_parents(n, rng))).to(device)
+    visible = torch.cat([torch.ones(n, prefix, dtype=torch.bool, device=device), mask], dim=1)
+    return AttnSet(randn(n, HEADS, RANK), randn(n, HEADS, ROPE), randn(s, RANK), randn(s, ROPE),
+                   torch.tensor(prefix, device=device), mask, visible, prefix)
+
+
+def masked_scores(a: AttnSet) -> torch.Tensor:
+    """[N, H, prefix + N] scaled scores, -inf where the node does not see the row; float32 (float64 inputs:
+    float64)."""
+    rows = a.prefix + a.q_lat.shape[0]
+    scores = torch.einsum("nhr,sr->nhs", a.q_lat, a.ckv[:rows]) + torch.einsum("nhp,sp->nhs", a.q_pe, a.kpe[:rows])
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * SCALE
+    return scores.masked_fill(~a.visible[:, None, :], float("-inf"))
+
+
+def torch_attention(a: AttnSet) -> torch.Tensor:
+    """The plain-torch absorbed attention verify_attn replaces: o_lat only (no lse), the leanest baseline."""
+    probs = torch.softmax(masked_scores(a), dim=-1)
+    return torch.einsum("nhs,sr->nhr", probs.to(a.ckv.dtype), a.ckv[: probs.shape[-1]])
+
+
+def float64_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference both are checked against, o_lat and lse, from float64 copies on the same device."""
+    q_lat, q_pe, ckv, kpe = (x.double() for x in (a.q_lat, a.q_pe, a.ckv, a.kpe))
+    scores = masked_scores(AttnSet(q_lat, q_pe, ckv, kpe, a.prefix_len, a.block_mask, a.visible, a.prefix))
+    lse = torch.logsumexp(scores, dim=-1)  # [N, H]
+    return torch.einsum("nhs,sr->nhr", torch.exp(scores - lse[..., None]), ckv[: scores.shape[-1]]), lse

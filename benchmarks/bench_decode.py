@@ -16,6 +16,7 @@ reads the [B+1, V] logits back and sorts them, is host bookkeeping outside the s
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -33,7 +34,18 @@ from engine.model import TargetModel
 from engine.weights import lm_head_name, weight_shapes
 from profiling.timers import StepTimer
 
-from .common import Column, markdown_table, parse_args, ratio, resolve_device, start_run, text_table, write_results
+from .common import (
+    Column,
+    guarded,
+    markdown_table,
+    num_failed,
+    parse_args,
+    ratio,
+    resolve_device,
+    start_run,
+    text_table,
+    write_results,
+)
 
 NOISY = 0.3  # the noisy oracle's chance to demote the true token at a position
 STAGES = {  # table column -> collapsed StepTimer range names whose times add up to it
@@ -166,13 +178,13 @@ def eager_and_profile(dec: Decoder, plan: Plan) -> tuple[Steps, dict[str, float]
     return eager, stage_ms
 
 
-def graph_steps(dec: Decoder, plan: Plan) -> Steps:
+def graph_steps(dec: Decoder, plan: Plan) -> dict:
     for _ in range(plan.warmup):
         dec._step_tensors()
     dec._capture()
     for _ in range(plan.warmup):
         dec._graph.replay()
-    return Steps.measure(dec, dec._graph.replay, plan.num_steps)
+    return {"steps": Steps.measure(dec, dec._graph.replay, plan.num_steps), "generated": committed(dec)}
 
 
 def committed(dec: Decoder) -> list[int]:
@@ -180,27 +192,33 @@ def committed(dec: Decoder) -> list[int]:
 
 
 def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool) -> dict:
-    """Eager + profiled steps on one decoder, graph replays on a second (CUDA only); the tokens each committed."""
+    """Eager + profiled steps on one decoder, graph replays on a second (CUDA only); the tokens each committed.
+    A failed graph capture leaves the eager numbers standing (graph_error says why)."""
     dec = make(False)
     eager, stage_ms = eager_and_profile(dec, plan)
     generated = [committed(dec)]
     del dec
-    graph = None
+    graph, graph_error = None, None
     if cuda:
-        dec = make(True)
-        graph = graph_steps(dec, plan)
-        generated.append(committed(dec))
-        del dec
+        replayed = guarded({}, lambda: graph_steps(make(True), plan))
+        graph, graph_error = replayed.get("steps"), replayed.get("error")
+        generated += [replayed["generated"]] if graph else []
         torch.cuda.empty_cache()
     step_ms = stage_ms["step"]
     return {
         "eager": asdict(eager), "graph": asdict(graph) if graph else None, "generated": generated,
+        "graph_error": graph_error,
         "eager_step_ms": eager.median_ms, "graph_step_ms": graph.median_ms if graph else None,
         "tau_eager": eager.tau, "tau_graph": graph.tau if graph else None,
         "eager_tokens_per_s": eager.tokens_per_s, "graph_tokens_per_s": graph.tokens_per_s if graph else None,
         "profiled_step_ms": step_ms, "stage_ms": stage_ms,
         "stage_share": {col: sum(stage_ms.get(n, 0.0) for n in names) / step_ms for col, names in STAGES.items()},
     }
+
+
+def ddtree_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, drafter: OracleDrafter,
+                   cuda_graph: bool) -> Decoder:
+    return DDTreeDecoder(model, prompt, cfg, drafter, cuda_graph=cuda_graph)
 
 
 def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.dtype) -> dict:
@@ -230,13 +248,13 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
         drafter = OracleDrafter(continuation, cfg.vocab_size, noise=noise, seed=0,
                                 num_positions=plan.max_new_tokens + plan.block_size, device=device)
         for budget in plan.budgets:
-            dd_cfg = decode_cfg(budget, plan.max_new_tokens)
-            row = measure_decoder(lambda graph, c=dd_cfg, d=drafter: DDTreeDecoder(model, prompt, c, d,
-                                                                                  cuda_graph=graph), plan, cuda)
-            rows.append({"mode": "DDTree", "budget": budget, "noise": noise, **row})
-            print(f"  DDTree B={budget:4d} noise={noise}: eager {row['eager_step_ms']:.3f} ms/step, "
-                  f"tau {row['tau_eager']:.2f}", flush=True)
-    for row in rows:  # greedy-exact: every decoder, eager or replayed, commits the AR tokens
+            make = functools.partial(ddtree_decoder, model, prompt, decode_cfg(budget, plan.max_new_tokens), drafter)
+            key = {"mode": "DDTree", "budget": budget, "noise": noise}
+            rows.append(guarded(key, lambda key=key, make=make: {**key, **measure_decoder(make, plan, cuda)}))
+            if "error" not in rows[-1]:
+                print(f"  DDTree B={budget:4d} noise={noise}: eager {rows[-1]['eager_step_ms']:.3f} ms/step, "
+                      f"tau {rows[-1]['tau_eager']:.2f}", flush=True)
+    for row in (r for r in rows if "error" not in r):  # greedy-exact: every decoder commits the AR tokens
         row["tokens_match_ar"] = all(tokens == continuation[: len(tokens)] for tokens in row.pop("generated"))
         for mode in ("eager", "graph"):
             row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar[f"{mode}_tokens_per_s"])
@@ -272,15 +290,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {"model_name": "tiny" if args.quick else "k2-mini", "model": cfg.to_dict(), "plan": asdict(plan),
                **run_decode(cfg, plan, device, dtype)}
     results["ar_floor_ms"] = results["weight_bytes_per_step"] / (info.ceilings.copy_tbps * 1e12) * 1e3
-    rows = [{**row, **{f"share_{k}": v for k, v in row["stage_share"].items()}} for row in results["rows"]]
-    print(f"\nprompt {plan.prompt_len} tokens, prefill {results['prefill_ms']:.1f} ms; AR step floor (weights "
-          f"once at the copy bandwidth) {results['ar_floor_ms']:.3f} ms")
-    tables = {"steps": markdown_table(rows, STEP_COLUMNS), "stage shares (eager, stage timers on)":
-              markdown_table(rows, SHARE_COLUMNS)}
-    print(f"\n{text_table(rows, STEP_COLUMNS)}\n\n{text_table(rows, SHARE_COLUMNS)}\n")
+    rows = [{**row, **{f"share_{k}": v for k, v in row.get("stage_share", {}).items()}} for row in results["rows"]]
+    setup = (f"{results['model_name']}, {info.ceilings.dtype}, prompt {plan.prompt_len} tokens (prefill "
+             f"{results['prefill_ms']:.1f} ms), block size {plan.block_size}, {plan.num_steps} timed steps per "
+             f"decoder; AR step floor (weights read once at the copy bandwidth) {results['ar_floor_ms']:.3f} ms")
+    tables = {"setup": setup, "steps": markdown_table(rows, STEP_COLUMNS),
+              "stage shares (eager, stage timers on)": markdown_table(rows, SHARE_COLUMNS)}
+    print(f"\n{setup}\n\n{text_table(rows, STEP_COLUMNS)}\n\n{text_table(rows, SHARE_COLUMNS)}\n")
     json_path, md_path = write_results(args.out, f"decode-{device.type}", info, results, tables)
-    print(f"wrote {json_path} and {md_path}")
-    return 0
+    for row in results["rows"]:
+        if row.get("graph_error"):
+            print(f"FAILED graph replay of {row['mode']} B={row['budget']} noise={row['noise']}: {row['graph_error']}")
+    failed = num_failed(results["rows"]) + sum(bool(r.get("graph_error")) for r in results["rows"])
+    print(f"wrote {json_path} and {md_path}" + (f"; {failed} FAILED" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

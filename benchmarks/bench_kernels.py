@@ -20,14 +20,16 @@ import torch
 
 from kernels import ops, reference
 
-from .baselines import heapq_tree_build, random_parents, visibility_of
+from .baselines import HEADS, RANK, ROPE, SCALE, AttnSet, attn_set, float64_attention, heapq_tree_build, torch_attention
 from .common import (
     FULL,
     QUICK,
     Budget,
     Ceilings,
     Column,
+    guarded,
     markdown_table,
+    num_failed,
     num_input_sets,
     parse_args,
     ratio,
@@ -40,9 +42,6 @@ from .common import (
     write_results,
 )
 
-# Kimi-K2 attention widths: heads, kv_lora_rank, qk_rope_head_dim; softmax scale = qk_head_dim ** -0.5
-HEADS, RANK, ROPE = 64, 512, 64
-SCALE = (128 + ROPE) ** -0.5
 CPU_FULL = Budget(warmup=2, min_reps=5, max_reps=200, target_ms=500.0)
 
 
@@ -104,52 +103,6 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 # -- verify_attn ---------------------------------------------------------------------------------------------
 
-@dataclass(slots=True)
-class AttnSet:
-    q_lat: torch.Tensor  # [N, H, R]
-    q_pe: torch.Tensor  # [N, H, P]
-    ckv: torch.Tensor  # [S, R]
-    kpe: torch.Tensor  # [S, P]
-    prefix_len: torch.Tensor  # 0-dim int64
-    block_mask: torch.Tensor  # [N, N] bool: a random tree's visibility
-    visible: torch.Tensor  # [N, prefix + N] bool: what the torch baseline masks with (built once, untimed)
-    prefix: int
-
-
-def attn_set(n: int, s: int, dtype: torch.dtype, device: torch.device, rng: np.random.Generator) -> AttnSet:
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=dtype)
-
-    prefix = s - n
-    mask = torch.from_numpy(visibility_of(random_parents(n, rng))).to(device)
-    visible = torch.cat([torch.ones(n, prefix, dtype=torch.bool, device=device), mask], dim=1)
-    return AttnSet(randn(n, HEADS, RANK), randn(n, HEADS, ROPE), randn(s, RANK), randn(s, ROPE),
-                   torch.tensor(prefix, device=device), mask, visible, prefix)
-
-
-def masked_scores(a: AttnSet) -> torch.Tensor:
-    """[N, H, prefix + N] scaled scores, -inf where the node does not see the row; float32 (float64 inputs:
-    float64)."""
-    rows = a.prefix + a.q_lat.shape[0]
-    scores = torch.einsum("nhr,sr->nhs", a.q_lat, a.ckv[:rows]) + torch.einsum("nhp,sp->nhs", a.q_pe, a.kpe[:rows])
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * SCALE
-    return scores.masked_fill(~a.visible[:, None, :], float("-inf"))
-
-
-def torch_attention(a: AttnSet) -> torch.Tensor:
-    """The plain-torch absorbed attention verify_attn replaces: o_lat only (no lse), the leanest baseline."""
-    probs = torch.softmax(masked_scores(a), dim=-1)
-    return torch.einsum("nhs,sr->nhr", probs.to(a.ckv.dtype), a.ckv[: probs.shape[-1]])
-
-
-def float64_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference both are checked against, o_lat and lse, from float64 copies on the same device."""
-    q_lat, q_pe, ckv, kpe = (x.double() for x in (a.q_lat, a.q_pe, a.ckv, a.kpe))
-    scores = masked_scores(AttnSet(q_lat, q_pe, ckv, kpe, a.prefix_len, a.block_mask, a.visible, a.prefix))
-    lse = torch.logsumexp(scores, dim=-1)  # [N, H]
-    return torch.einsum("nhs,sr->nhr", torch.exp(scores - lse[..., None]), ckv[: scores.shape[-1]]), lse
-
-
 def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
     return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
 
@@ -161,44 +114,44 @@ def attn_cost(n: int, s: int, itemsize: int, num_visible_block: int) -> tuple[in
     return num_bytes, 2 * HEADS * pairs * (RANK + ROPE) + 2 * HEADS * pairs * RANK
 
 
+def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, budget: Budget, ceil: Ceilings,
+                     rng: np.random.Generator) -> dict:
+    one = attn_set(n, s, dtype, device, rng)
+    num_bytes, flops = attn_cost(n, s, dtype.itemsize, int(one.block_mask.sum()))
+    sets = [one] + [attn_set(n, s, dtype, device, rng) for _ in range(num_input_sets(num_bytes) - 1)]
+    ref_o, ref_lse = float64_attention(one)
+    o, lse = ours_attention(one)
+    errors = {"err_ours": rel_err(o, ref_o), "err_torch": rel_err(torch_attention(one), ref_o),
+              "lse_max_abs_err_ours": float((lse.double() - ref_lse).abs().max())}
+    del ref_o, ref_lse, o, lse
+    ours = measure(ours_attention, sets, device, budget)
+    base = measure(torch_attention, sets, device, budget)
+    floor_us = ceil.floor_us(num_bytes, flops)
+    print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us", flush=True)
+    return {
+        "N": n, "S": s, "prefix_len": s - n, "dtype": str(dtype).removeprefix("torch."),
+        "ours_us": ours.us, "torch_us": base.us, "speedup": ratio(base.us, ours.us),
+        "ours_eager_us": ours.eager_us, "torch_eager_us": base.eager_us,
+        "speedup_eager": ratio(base.eager_us, ours.eager_us),
+        "ours_tbps": num_bytes / ours.us / 1e6, "ours_tflops": flops / ours.us / 1e6,
+        "torch_tflops": flops / base.us / 1e6, "floor_us": floor_us,
+        "ours_roofline": floor_us / ours.us, "torch_roofline": floor_us / base.us,
+        "bytes": num_bytes, "flops": flops, "flop_per_byte": flops / num_bytes, **errors,
+        "num_sets": len(sets), "timings": {"ours": ours.timings, "torch": base.timings},
+    }
+
+
 def bench_verify_attn(g: Grid, device: torch.device, dtype: torch.dtype, budget: Budget, ceil: Ceilings,
                       rng: np.random.Generator) -> list[dict]:
-    rows = []
-    for s in g.attn_rows:
-        for n in g.attn_nodes:
-            one = attn_set(n, s, dtype, device, rng)
-            num_bytes, flops = attn_cost(n, s, dtype.itemsize, int(one.block_mask.sum()))
-            sets = [one] + [attn_set(n, s, dtype, device, rng) for _ in range(num_input_sets(num_bytes) - 1)]
-            ref_o, ref_lse = float64_attention(one)
-            o, lse = ours_attention(one)
-            err_ours, lse_err = rel_err(o, ref_o), float((lse.double() - ref_lse).abs().max())
-            err_torch = rel_err(torch_attention(one), ref_o)
-            del ref_o, ref_lse, o, lse
-            ours = measure(ours_attention, sets, device, budget)
-            base = measure(torch_attention, sets, device, budget)
-            floor_us = ceil.floor_us(num_bytes, flops)
-            rows.append({
-                "N": n, "S": s, "prefix_len": s - n, "dtype": str(dtype).removeprefix("torch."),
-                "ours_us": ours.us, "torch_us": base.us, "speedup": ratio(base.us, ours.us),
-                "ours_eager_us": ours.eager_us, "torch_eager_us": base.eager_us,
-                "speedup_eager": ratio(base.eager_us, ours.eager_us),
-                "ours_tbps": num_bytes / ours.us / 1e6, "ours_tflops": flops / ours.us / 1e6,
-                "torch_tflops": flops / base.us / 1e6, "floor_us": floor_us,
-                "ours_roofline": floor_us / ours.us, "torch_roofline": floor_us / base.us,
-                "bytes": num_bytes, "flops": flops, "flop_per_byte": flops / num_bytes,
-                "err_ours": err_ours, "err_torch": err_torch, "lse_max_abs_err_ours": lse_err,
-                "num_sets": len(sets), "timings": {"ours": ours.timings, "torch": base.timings},
-            })
-            print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us", flush=True)
-            del sets, one
-    return rows
+    return [guarded({"N": n, "S": s}, lambda n=n, s=s: verify_attn_case(n, s, device, dtype, budget, ceil, rng))
+            for s in g.attn_rows for n in g.attn_nodes]
 
 
 ATTN_COLUMNS = [
     Column("N", "N", "{}"), Column("S", "S", "{}"), Column("ours_us", "ours us", "{:.1f}"),
     Column("torch_us", "torch us", "{:.1f}"), Column("speedup", "torch/ours", "{:.2f}"),
-    Column("ours_tbps", "ours TB/s", "{:.2f}"), Column("ours_tflops", "ours TFLOP/s", "{:.1f}"),
-    Column("ours_roofline", "ours roofline", "{:.0%}"), Column("torch_tflops", "torch TFLOP/s", "{:.1f}"),
+    Column("ours_tbps", "ours TB/s", "{:.3g}"), Column("ours_tflops", "ours TFLOP/s", "{:.3g}"),
+    Column("ours_roofline", "ours roofline", "{:.0%}"), Column("torch_tflops", "torch TFLOP/s", "{:.3g}"),
     Column("torch_roofline", "torch roofline", "{:.0%}"), Column("ours_eager_us", "ours eager us", "{:.1f}"),
     Column("torch_eager_us", "torch eager us", "{:.1f}"), Column("err_ours", "err ours", "{:.1e}"),
     Column("err_torch", "err torch", "{:.1e}"),
@@ -215,30 +168,30 @@ def bench_tree_build(g: Grid, device: torch.device, budget: Budget, ceil: Ceilin
     cpu_drafts = [d.cpu() for d in drafts]
     root_id = int(rng.integers(g.vocab))
     root, cpu_root = torch.tensor(root_id, device=device), torch.tensor(root_id)
-    rows = []
-    for b in g.build_budgets:
-        k = min(b, g.vocab)
-        ours_tree = ops.tree_build(drafts[0], root, b)
-        base_tree = heapq_tree_build(drafts[0], root_id, b)
-        match = all(np.array_equal(x.cpu().numpy(), y) for x, y in zip(ours_tree, base_tree, strict=True))
-        ours = measure(lambda d, b=b: ops.tree_build(d, root, b), drafts, device, budget)
-        topk = measure(lambda d, k=k: torch.topk(d, k, dim=-1), drafts, device, budget)
-        heap = measure(lambda d, b=b: heapq_tree_build(d, root_id, b), drafts, device, budget, graph=False)
-        cpu_op = (measure(lambda d, b=b: ops.tree_build(d, cpu_root, b), cpu_drafts, torch.device("cpu"), budget)
+
+    def case(b: int) -> dict:
+        same = [np.array_equal(x.cpu().numpy(), y)
+                for x, y in zip(ops.tree_build(drafts[0], root, b), heapq_tree_build(drafts[0], root_id, b),
+                                strict=True)]
+        ours = measure(lambda d: ops.tree_build(d, root, b), drafts, device, budget)
+        topk = measure(lambda d: torch.topk(d, min(b, g.vocab), dim=-1), drafts, device, budget)
+        heap = measure(lambda d: heapq_tree_build(d, root_id, b), drafts, device, budget, graph=False)
+        cpu_op = (measure(lambda d: ops.tree_build(d, cpu_root, b), cpu_drafts, torch.device("cpu"), budget)
                   if device.type == "cuda" else None)
         floor_us = ceil.floor_us(set_bytes, 0)
-        rows.append({
+        print(f"  tree_build B={b:5d}: ours {ours.us:9.1f} us  heapq {heap.us:9.1f} us", flush=True)
+        return {
             "B": b, "V": g.vocab, "L": g.draft_depths, "ours_us": ours.us, "ours_eager_us": ours.eager_us,
             "topk_us": topk.us, "heapq_us": heap.us, "cpu_op_us": cpu_op.us if cpu_op else None,
             "heapq_over_ours": ratio(heap.us, ours.us),
             "cpu_op_over_ours": ratio(cpu_op.us, ours.us) if cpu_op else None,
-            "floor_us": floor_us, "ours_roofline": floor_us / ours.us, "match_heapq": match,
+            "floor_us": floor_us, "ours_roofline": floor_us / ours.us, "match_heapq": all(same),
             "num_sets": len(drafts),
             "timings": {"ours": ours.timings, "topk": topk.timings, "heapq": heap.timings,
                         "cpu_op": cpu_op.timings if cpu_op else None},
-        })
-        print(f"  tree_build B={b:5d}: ours {ours.us:9.1f} us  heapq {heap.us:9.1f} us", flush=True)
-    return rows
+        }
+
+    return [guarded({"B": b}, lambda b=b: case(b)) for b in g.build_budgets]
 
 
 BUILD_COLUMNS = [
@@ -265,19 +218,18 @@ def accept_set(b: int, depth: int, device: torch.device, rng: np.random.Generato
 
 
 def bench_tree_accept(g: Grid, device: torch.device, budget: Budget, rng: np.random.Generator) -> list[dict]:
-    rows = []
-    for b in g.accept_budgets:
+    def case(b: int) -> dict:
         sets = [accept_set(b, g.draft_depths, device, rng) for _ in range(8)]  # tiny inputs: L2 cannot be avoided
         got = ops.tree_accept(*sets[0], g.draft_depths)
         want = reference.tree_accept(*sets[0], g.draft_depths)
-        match = all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(got, want, strict=True))
         ours = measure(lambda s: ops.tree_accept(*s, g.draft_depths), sets, device, budget)
         ref = measure(lambda s: reference.tree_accept(*s, g.draft_depths), sets, device, budget, graph=False)
-        rows.append({"B": b, "L": g.draft_depths, "path_len": int(got.path_len), "ours_us": ours.us,
-                     "ours_eager_us": ours.eager_us, "ref_us": ref.us, "ref_over_ours": ratio(ref.us, ours.us),
-                     "match_ref": match, "num_sets": len(sets),
-                     "timings": {"ours": ours.timings, "ref": ref.timings}})
-    return rows
+        return {"B": b, "L": g.draft_depths, "path_len": int(got.path_len), "ours_us": ours.us,
+                "ours_eager_us": ours.eager_us, "ref_us": ref.us, "ref_over_ours": ratio(ref.us, ours.us),
+                "match_ref": all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(got, want, strict=True)),
+                "num_sets": len(sets), "timings": {"ours": ours.timings, "ref": ref.timings}}
+
+    return [guarded({"B": b}, lambda b=b: case(b)) for b in g.accept_budgets]
 
 
 def bench_kv_compact(g: Grid, device: torch.device, dtype: torch.dtype, budget: Budget, ceil: Ceilings,
@@ -287,13 +239,12 @@ def bench_kv_compact(g: Grid, device: torch.device, dtype: torch.dtype, budget: 
     path_len = g.draft_depths + 1  # a fully accepted path: the most rows to move
     moved_bytes = 2 * path_len * g.cache_layers * (RANK + ROPE) * dtype.itemsize  # each row read and written
 
-    def make_set(b: int) -> tuple[torch.Tensor, torch.Tensor]:  # prefix_len, path into the b + 1 tree rows
+    def make_set(b: int) -> tuple[torch.Tensor, torch.Tensor]:  # prefix_len, a path into the b + 1 tree rows
         prefix = int(rng.integers(0, g.cache_rows - b - 1))
         path = np.concatenate([[0], np.sort(rng.choice(np.arange(1, b + 1), path_len - 1, replace=False))])
         return torch.tensor(prefix, device=device), torch.from_numpy(path).to(device)
 
-    rows = []
-    for b in g.accept_budgets:
+    def case(b: int) -> dict:
         sets = [make_set(b) for _ in range(num_input_sets(moved_bytes))]
         mine, theirs = (ckv.clone(), kpe.clone()), (ckv.clone(), kpe.clone())
         ops.kv_compact(*mine, *sets[0])
@@ -303,19 +254,19 @@ def bench_kv_compact(g: Grid, device: torch.device, dtype: torch.dtype, budget: 
         ours = measure(lambda s: ops.kv_compact(ckv, kpe, *s), sets, device, budget)
         ref = measure(lambda s: reference.kv_compact(ckv, kpe, *s), sets, device, budget, graph=False)
         floor_us = ceil.floor_us(moved_bytes, 0)
-        rows.append({"B": b, "num_layers": g.cache_layers, "S": g.cache_rows, "path_len": path_len,
-                     "dtype": str(dtype).removeprefix("torch."), "ours_us": ours.us, "ours_eager_us": ours.eager_us,
-                     "ref_us": ref.us, "ref_over_ours": ratio(ref.us, ours.us), "bytes": moved_bytes,
-                     "ours_tbps": moved_bytes / ours.us / 1e6, "floor_us": floor_us,
-                     "ours_roofline": floor_us / ours.us, "match_ref": match, "num_sets": len(sets),
-                     "timings": {"ours": ours.timings, "ref": ref.timings}})
-    return rows
+        return {"B": b, "num_layers": g.cache_layers, "S": g.cache_rows, "path_len": path_len,
+                "dtype": str(dtype).removeprefix("torch."), "ours_us": ours.us, "ours_eager_us": ours.eager_us,
+                "ref_us": ref.us, "ref_over_ours": ratio(ref.us, ours.us), "bytes": moved_bytes,
+                "ours_tbps": moved_bytes / ours.us / 1e6, "floor_us": floor_us, "ours_roofline": floor_us / ours.us,
+                "match_ref": match, "num_sets": len(sets), "timings": {"ours": ours.timings, "ref": ref.timings}}
+
+    return [guarded({"B": b}, lambda b=b: case(b)) for b in g.accept_budgets]
 
 
 SMALL_COLUMNS = [
     Column("B", "B", "{}"), Column("path_len", "path", "{}"), Column("ours_us", "ours us", "{:.1f}"),
     Column("ref_us", "reference us", "{:.1f}"), Column("ref_over_ours", "reference/ours", "{:.1f}"),
-    Column("ours_eager_us", "ours eager us", "{:.1f}"), Column("ours_tbps", "ours TB/s", "{:.3f}"),
+    Column("ours_eager_us", "ours eager us", "{:.1f}"), Column("ours_tbps", "ours TB/s", "{:.3g}"),
     Column("match_ref", "same result", "{}"),
 ]
 
@@ -327,25 +278,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     budget = QUICK if args.quick else (FULL if device.type == "cuda" else CPU_FULL)
     info = start_run("bench_kernels", "benchmarks.bench_kernels", argv, device, dtype, args.quick)
-    grid = make_grid(device, args.quick)
+    grid, ceil = make_grid(device, args.quick), info.ceilings
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    results = {"grid": asdict(grid), "attention": {"heads": HEADS, "kv_lora_rank": RANK, "rope_dim": ROPE,
-                                                   "scale": SCALE}}
+    results: dict = {"grid": asdict(grid),
+                     "attention": {"heads": HEADS, "kv_lora_rank": RANK, "rope_dim": ROPE, "scale": SCALE}}
+    sections = {
+        "verify_attn": (ATTN_COLUMNS, lambda: bench_verify_attn(grid, device, dtype, budget, ceil, rng)),
+        "tree_build": (BUILD_COLUMNS, lambda: bench_tree_build(grid, device, budget, ceil, rng)),
+        "tree_accept": (SMALL_COLUMNS, lambda: bench_tree_accept(grid, device, budget, rng)),
+        "kv_compact": (SMALL_COLUMNS, lambda: bench_kv_compact(grid, device, dtype, budget, ceil, rng)),
+    }
     tables = {}
-    sections = [
-        ("verify_attn", ATTN_COLUMNS, lambda: bench_verify_attn(grid, device, dtype, budget, info.ceilings, rng)),
-        ("tree_build", BUILD_COLUMNS, lambda: bench_tree_build(grid, device, budget, info.ceilings, rng)),
-        ("tree_accept", SMALL_COLUMNS, lambda: bench_tree_accept(grid, device, budget, rng)),
-        ("kv_compact", SMALL_COLUMNS, lambda: bench_kv_compact(grid, device, dtype, budget, info.ceilings, rng)),
-    ]
-    for name, columns, run in sections:
-        results[name] = run()
+    for name, (columns, run) in sections.items():
+        outcome = guarded({}, lambda run=run: {"rows": run()})
+        results[name] = outcome.get("rows", [outcome])  # a section whose setup failed: one row with the error
         print(f"\n{name}\n{text_table(results[name], columns)}\n", flush=True)
         tables[name] = markdown_table(results[name], columns)
+    failed = {name: num_failed(results[name]) for name in sections if num_failed(results[name])}
+    results["failed"] = failed
     json_path, md_path = write_results(args.out, f"kernels-{device.type}", info, results, tables)
-    print(f"wrote {json_path} and {md_path}")
-    return 0
+    print(f"wrote {json_path} and {md_path}" + (f"; FAILED cases: {failed}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

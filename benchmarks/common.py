@@ -22,6 +22,7 @@ import math
 import pathlib
 import shlex
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -184,7 +185,7 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype, quick: bool) -> C
     if device.type == "cuda":
         copy_bytes, n = (2**28, 4096) if quick else (2**30, 8192)
     else:
-        copy_bytes, n = (2**25, 512) if quick else (2**28, 2048)
+        copy_bytes, n = (2**27, 1024) if quick else (2**28, 2048)
     budget = Budget(warmup=2, min_reps=3 if quick else 10, max_reps=100, target_ms=20.0 if quick else 300.0)
     return Ceilings(copy_tbps=_copy_tbps(device, dtype, copy_bytes, budget),
                     matmul_tflops=_matmul_tflops(device, dtype, n, budget),
@@ -245,6 +246,22 @@ def resolve_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
+def guarded(key: dict, run: Callable[[], dict]) -> dict:
+    """run()'s row, or key plus the error (its traceback printed): in a one-shot run on a lent GPU one failing
+    case must not cost the other cases their numbers."""
+    try:
+        return run()
+    except Exception as exc:  # whatever one case raises is recorded; the next case still runs
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        print(f"  FAILED {key}: {error}", flush=True)
+        return {**key, "error": error}
+
+
+def num_failed(rows: Sequence[dict]) -> int:
+    return sum("error" in r for r in rows)
+
+
 def ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
@@ -264,17 +281,24 @@ def _cell(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
+def _failures(rows: Sequence[dict]) -> list[str]:
+    """One line per failed row (see guarded), to follow its table."""
+    return [f"FAILED {' '.join(f'{k}={v}' for k, v in r.items() if k != 'error')}: {r['error']}"
+            for r in rows if "error" in r]
+
+
 def text_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
     """Right-aligned plain-text table for the terminal."""
     cells = [[c.header for c in columns]] + [[_cell(r.get(c.key), c.fmt) for c in columns] for r in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(v.rjust(w) for v, w in zip(line, widths, strict=True)) for line in cells)
+    lines = ["  ".join(v.rjust(w) for v, w in zip(line, widths, strict=True)) for line in cells]
+    return "\n".join(lines + _failures(rows))
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
     lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---:|" * len(columns)]
     lines += ["| " + " | ".join(_cell(r.get(c.key), c.fmt) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"\n{line}" for line in _failures(rows)])
 
 
 def _jsonable(value: Any) -> Any:

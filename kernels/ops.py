@@ -24,6 +24,11 @@ tree_accept(tokens [N], parents [N], target [N] i64, max_depth) -> path [max_dep
   visited nodes root first, padded with -1; bonus = target[last visited].
 kv_compact(ckv [num_layers, S, R], kpe [num_layers, S, P], prefix_len, path) -> None, in place.
   For each i before the first -1 in path: row prefix_len + path[i] -> row prefix_len + i in every layer.
+
+Value checks (NaN in the draft, prefix_len + N <= S, a well-formed path) raise on the CPU. The CUDA ops
+cannot raise on values without a host sync, so there NaN ranks like -inf, prefix_len is clamped into
+[0, S - N], malformed path entries are skipped and tree_accept stops when the path is full; the engine
+checks the step's results when it reads its record.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def verify_attn(
     lat = torch.einsum("nhr,sr->nhs", q_lat.double(), ckv.double())
     rope = torch.einsum("nhp,sp->nhs", q_pe.double(), kpe.double())
     scores = scale * (lat + rope)  # [N, H, S]
-    visible = torch.zeros(num_nodes, cache_rows, dtype=torch.bool)
+    visible = torch.zeros(num_nodes, cache_rows, dtype=torch.bool, device=ckv.device)
     visible[:, :prefix] = True
     visible[:, prefix : prefix + num_nodes] = block_mask
     scores = scores.masked_fill(~visible[:, None, :], float("-inf"))

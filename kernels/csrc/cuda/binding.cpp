@@ -5,6 +5,7 @@
 // caching allocator, dispatches float32 / bfloat16 and turns a failed launch into an error naming the op.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>

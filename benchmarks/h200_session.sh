@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One device call on the H200: build, GPU check (CUDA op tests + decodes), compute-sanitizer, benchmarks.
+# Usage (from the repo root, on the GPU machine): bash benchmarks/h200_session.sh [quick|full]; logs go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 DDTREE_BUILD_DIR=/tmp/ddtree-build
+mode=${1:-full}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/env.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"
+( time python3 -m engine gpu-check -- -q ) 2>&1 | tee "$OUT/gpu_check.log"
+( time python3 -m engine verify --device cuda ) 2>&1 | tee -a "$OUT/gpu_check.log"
+timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests/test_ops_cuda.py \
+  -k "tiny or odd or small-tree or accept or compact or special or nan or (with_ties and 512)" -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/memcheck.log"
+if [ "$mode" = full ]; then
+  timeout 400 python3 -m benchmarks.bench_kernels --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log"
+  timeout 300 python3 -m benchmarks.bench_decode --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log"
+fi
