@@ -4,12 +4,13 @@ k2-mini has Kimi-K2's attention and expert widths (hidden 7168, 64 heads, q_lora
 128, rope 64, v 128, expert width 2048, dense width 18432, vocab 163840, YaRN) but two layers (one dense, one
 MoE with 8 routed experts, top-2, one shared expert), random bf16 weights made on the device. The lm_head is a
 permuted copy of the embedding, so each greedy token is decided by a wide margin whatever the random layers
-add: bf16 rounding cannot flip an argmax between the AR run and the tree verify, and the exact oracle is
-accepted in full. Nothing else depends on the weights' values: a step's work is fixed by its shapes.
+add: bf16 rounding cannot flip an argmax between the AR run and the tree verify, so the exact oracle's first
+choice is always the target's. Nothing else depends on the weights' values: a step's work is fixed by its
+shapes.
 
 AR and DDTree decoders (B x {exact, noisy oracle}) step the same prompt, timed eagerly (CUDA events around
 each step), as CUDA-graph replays, and with the stage timers on (StepTimer ranges) for the stage shares. The
-steps run through the decoder's device path (Decoder._step_tensors / _capture): the per-step record, which
+steps run through the decoder's device path (Decoder.advance / capture_graph): the per-step record, which
 reads the [B+1, V] logits back and sorts them, is host bookkeeping outside the step measured here.
 
     python -m benchmarks.bench_decode [--device cuda|cpu] [--quick] [--out DIR]
@@ -50,7 +51,7 @@ from .common import (
 NOISY = 0.3  # the noisy oracle's chance to demote the true token at a position
 STAGES = {  # table column -> collapsed StepTimer range names whose times add up to it
     "draft": ["step/draft"], "tree_build": ["step/tree_build"], "verify": ["step/verify"],
-    "verify_attn": ["step/verify/layer*/attn/verify_attn"], "attn": ["step/verify/layer*/attn"],
+    "verify_attn": ["step/verify/layer*/attn/verify_attn"], "attn_total": ["step/verify/layer*/attn"],
     "ffn": ["step/verify/layer*/mlp", "step/verify/layer*/moe"], "lm_head": ["step/verify/lm_head"],
     "tree_accept": ["step/tree_accept"], "kv_compact": ["step/kv_compact"], "commit": ["step/commit"],
 }
@@ -164,13 +165,13 @@ def eager_and_profile(dec: Decoder, plan: Plan) -> tuple[Steps, dict[str, float]
     """Timed eager steps, then steps with the stage timers on: mean ms per range ("layerN" -> "layer*")."""
     device = dec.model.device
     for _ in range(plan.warmup):
-        dec._step_tensors()
-    eager = Steps.measure(dec, dec._step_tensors, plan.num_steps)
+        dec.advance()
+    eager = Steps.measure(dec, dec.advance, plan.num_steps)
     dec.timer = StepTimer(device)
     stage_ms: dict[str, float] = {}
     for _ in range(plan.num_profiled):
         with dec.timer.range("step"):
-            dec._step_tensors()
+            dec.advance()
         for name, ns in dec.timer.results_ns().items():
             key = re.sub(r"layer\d+", "layer*", name)
             stage_ms[key] = stage_ms.get(key, 0.0) + ns / 1e6 / plan.num_profiled
@@ -180,11 +181,11 @@ def eager_and_profile(dec: Decoder, plan: Plan) -> tuple[Steps, dict[str, float]
 
 def graph_steps(dec: Decoder, plan: Plan) -> dict:
     for _ in range(plan.warmup):
-        dec._step_tensors()
-    dec._capture()
+        dec.advance()
+    dec.capture_graph()
     for _ in range(plan.warmup):
-        dec._graph.replay()
-    return {"steps": Steps.measure(dec, dec._graph.replay, plan.num_steps), "generated": committed(dec)}
+        dec.advance()
+    return {"steps": Steps.measure(dec, dec.advance, plan.num_steps), "generated": committed(dec)}
 
 
 def committed(dec: Decoder) -> list[int]:
@@ -239,7 +240,7 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
     ar_dec = ARDecoder(model, prompt, ar_cfg)
     prefill_ms = ar_dec.prefill_ns / 1e6
     while int(ar_dec.num_generated) < need:  # the AR continuation, untimed
-        ar_dec._step_tensors()
+        ar_dec.advance()
     continuation = ar_dec.generated[:need].cpu().tolist()
     del ar_dec
     ar = measure_decoder(lambda graph: ARDecoder(model, prompt, ar_cfg, cuda_graph=graph), plan, cuda)

@@ -120,7 +120,19 @@ class Decoder:
             self.root.copy_(bonus)
         return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft)
 
-    def _capture(self) -> None:
+    def advance(self) -> _StepTensors:
+        """One step on the device and nothing else: no host sync, no record (step() adds the record).
+        Replays the CUDA graph once one is captured. The host-side token list does not move: for timing."""
+        if self._graph is not None:
+            self._graph.replay()
+            return self._graph_out
+        return self._step_tensors()
+
+    @property
+    def graph_captured(self) -> bool:
+        return self._graph is not None
+
+    def capture_graph(self) -> None:
         """Record one step as a CUDA graph (after an eager step warmed everything up); later steps replay it.
         The tree has a static size (B+1) and all state lives in persistent buffers, so replays chain."""
         timer, self.timer = self.timer, StepTimer(self.model.device, enabled=False)

@@ -155,7 +155,7 @@ def capture_pair(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, noi
     """decode_pair under torch.profiler: AR then DDTree on one model, each in its own capture."""
     model = load_target(ckpt, cfg)
     ar, ar_capture = _profiled(lambda t: make_decoder(ckpt, prompt, cfg, "ar", timer=t, model=model), cfg, on_step)
-    continuation = golden_for(ckpt, prompt) or ar.tokens
+    continuation = golden_for(ckpt, prompt, cfg) or ar.tokens
     dd, dd_capture = _profiled(lambda t: make_decoder(ckpt, prompt, cfg, "ddtree", noise, drafter_seed, t, model,
                                                       continuation), cfg, on_step)
     activities = ["cpu"] + (["cuda"] if cfg.device == "cuda" else [])

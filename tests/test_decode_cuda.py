@@ -35,7 +35,7 @@ def test_step_makes_no_host_sync(tiny_checkpoint, cuda_model, mode):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        dec._step_tensors()
+        dec.advance()
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -47,7 +47,7 @@ def test_cuda_graph_replay_matches_eager(tiny_checkpoint, cuda_model, mode, nois
     eager = make_decoder(tiny_checkpoint, prompt, cfg, mode, noise=noise, model=cuda_model).run()
     graphed = make_decoder(tiny_checkpoint, prompt, cfg, mode, noise=noise, model=cuda_model, cuda_graph=True)
     run = graphed.run()
-    assert graphed._graph is not None, "later steps replayed a captured graph"
+    assert graphed.graph_captured, "later steps replayed a captured graph"
     assert run.tokens == eager.tokens
     assert [s.path for s in run.steps] == [s.path for s in eager.steps]
 
