@@ -151,14 +151,10 @@ class Decoder:
             raise DecodeError(f"decode is done: {self.cfg.max_new_tokens} tokens generated; reset to decode again")
         start = time.perf_counter_ns()
         with self.timer.range("step"):
-            if self._graph is not None:
-                self._graph.replay()
-                st = self._graph_out
-            else:
-                st = self._step_tensors()
+            st = self.advance()
         record = self._record(st)
         if self.cuda_graph and self._graph is None:
-            self._capture()
+            self.capture_graph()
         record.wall_ns = time.perf_counter_ns() - start
         self.steps.append(record)
         return record

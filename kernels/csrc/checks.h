@@ -9,14 +9,15 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
-#include <string_view>
+#include <string>
 
 namespace ddtree {
 
 constexpr int64_t kMaxBudget = 1024;
 
 // "float32", "int64", ...: the names Python users know.
-inline std::string_view dtype_name(at::ScalarType dtype) { return c10::getDtypeNames(dtype).first; }
+// getDtypeNames returns its strings by value: hand back a copy, never a view of the temporary.
+inline std::string dtype_name(at::ScalarType dtype) { return c10::getDtypeNames(dtype).first; }
 
 inline void check_dtype(const at::Tensor& t, at::ScalarType dtype, const char* name) {
   TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype_name(dtype), ", got ", dtype_name(t.scalar_type()));
