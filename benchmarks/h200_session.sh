@@ -4,6 +4,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 DDTREE_BUILD_DIR=/tmp/ddtree-build
+# The image's CXX (/opt/gcc/bin/g++, a wrapper) links libstdc++ statically and the library then crashes on
+# its first error message; the loader's error-path probe says so. The system g++ links it dynamically.
+export CXX=/usr/bin/g++
 mode=${1:-full}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"

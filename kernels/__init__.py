@@ -20,6 +20,8 @@ import functools
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ExtensionBuildError", "build_info", "build_lock", "load"]
+__all__ = ["ExtensionBuildError", "build_info", "build_lock", "check_error_path", "load"]
 
 CSRC = Path(__file__).parent / "csrc"
 EXTENSION_NAME = "ddtree_ops"
@@ -84,6 +86,7 @@ def _load_once() -> _Loaded:
     before = _mtime_ns(library)
     with build_lock(plan.build_dir, _lock_timeout_s()):
         _build_and_load(plan)
+        check_error_path(library)
     info = {
         "build_dir": str(plan.build_dir),
         "with_cuda": plan.with_cuda,
@@ -194,6 +197,37 @@ def _build_and_load(plan: BuildPlan) -> None:
             f"last lines of the compiler output:\n{tail}\n"
             "fix the error above in kernels/csrc, then load again"
         ) from e
+
+
+_ERROR_PROBE = """
+import sys, torch
+torch.ops.load_library(sys.argv[1])
+try:
+    torch.ops.ddtree.tree_build(torch.zeros(1, 1), torch.tensor(0), -1)
+except RuntimeError as e:
+    sys.exit(0 if "budget must be in" in str(e) else 3)
+sys.exit(4)
+"""
+
+
+def check_error_path(library: Path) -> None:
+    """An op raising an error must not take the process down. A g++ that links libstdc++ statically into the
+    library (seen with a wrapper g++ on a CUDA image) builds one that works until its first error message,
+    then crashes; a child process tries one error per build, and a marker file remembers that it passed."""
+    marker = library.with_name(library.name + ".errors-ok")
+    if _mtime_ns(marker) is not None and _mtime_ns(marker) >= (_mtime_ns(library) or 0):
+        return
+    result = subprocess.run([sys.executable, "-c", _ERROR_PROBE, str(library)], capture_output=True, text=True,
+                            timeout=600, check=False)
+    if result.returncode != 0:
+        cxx = os.environ.get("CXX") or "c++"
+        raise ExtensionBuildError(
+            f"the op library {library} fails when an op raises an error (probe exit {result.returncode}; "
+            f"{result.stderr.strip()[-300:]}): the C++ compiler {cxx!r} likely linked libstdc++ into it statically. "
+            f"Set CXX to a g++ that links libstdc++ dynamically (for example CXX=/usr/bin/g++), delete "
+            f"{library.parent} and load again"
+        )
+    marker.touch()
 
 
 @contextlib.contextmanager

@@ -218,3 +218,23 @@ def test_bad_lock_timeout_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("DDTREE_BUILD_LOCK_TIMEOUT", "ten")
     with pytest.raises(ExtensionBuildError, match="DDTREE_BUILD_LOCK_TIMEOUT must be a number of seconds, got 'ten'"):
         kernels._lock_timeout_s()
+
+
+def test_error_path_probe_passes_on_the_built_library():
+    import kernels
+
+    library = Path(kernels.build_info()["library"])
+    marker = library.with_name(library.name + ".errors-ok")
+    marker.unlink(missing_ok=True)
+    kernels.check_error_path(library)
+    assert marker.exists(), "a passing probe leaves its marker"
+
+
+def test_error_path_probe_names_the_fix_when_errors_crash(tmp_path):
+    import kernels
+
+    broken = tmp_path / "ddtree_ops.so"
+    broken.write_bytes(b"not a shared library")
+    with pytest.raises(kernels.ExtensionBuildError, match=r"CXX=/usr/bin/g\+\+"):
+        kernels.check_error_path(broken)
+    assert not (tmp_path / "ddtree_ops.so.errors-ok").exists()

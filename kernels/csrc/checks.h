@@ -16,8 +16,8 @@ namespace ddtree {
 constexpr int64_t kMaxBudget = 1024;
 
 // "float32", "int64", ...: the names Python users know.
-// getDtypeNames returns its strings by value: hand back a copy, never a view of the temporary.
-inline std::string dtype_name(at::ScalarType dtype) { return c10::getDtypeNames(dtype).first; }
+// getDtypeNames returns strings (torch 2.11) or views (2.13) by value: copy, never view the temporary.
+inline std::string dtype_name(at::ScalarType dtype) { return std::string(c10::getDtypeNames(dtype).first); }
 
 inline void check_dtype(const at::Tensor& t, at::ScalarType dtype, const char* name) {
   TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype_name(dtype), ", got ", dtype_name(t.scalar_type()));
