@@ -118,8 +118,10 @@ __device__ uint64_t select_threshold(const KeyAt& key_at, int n, int k, RadixSta
         const uint64_t key = key_at(i);
         if ((key & mask) == prefix) digit = static_cast<uint32_t>(key >> shift) & 0xffu;
       }
-      const unsigned peers = __match_any_sync(kFullMask, digit);
-      if (digit < kRadixBins && lane == __ffs(peers) - 1) atomicAdd(&s.hist[digit], __popc(peers));
+      if (__any_sync(kFullMask, digit < kRadixBins)) {  // later passes: most warps hold no key of the prefix
+        const unsigned peers = __match_any_sync(kFullMask, digit);
+        if (digit < kRadixBins && lane == __ffs(peers) - 1) atomicAdd(&s.hist[digit], __popc(peers));
+      }
     }
     __syncthreads();
     if (threadIdx.x < kWarpSize) find_bucket(s, remaining);
@@ -225,7 +227,7 @@ struct SelectArgs {
 };
 
 struct SelectSmem {
-  uint64_t* entry;  // [B+1] frontier: entry[g] = next unpopped child of node g (0: none)
+  uint64_t* entry;  // [slots] frontier: entry[g] = next unpopped child of node g (0: none), g < budget
   float* score;     // [B+1]
   int* parent;      // [B+1]
   int* depth;       // [B+1]
@@ -233,58 +235,91 @@ struct SelectSmem {
   float* logprobs;  // [rows, k]
 };
 
+// Frontier slots: one per node that can still have a child popped after it (nodes 0 .. B-1), in groups of
+// 32, at most 32 groups (B <= 1024).
+__host__ __device__ constexpr int select_slots(int budget) { return round_up(budget > 0 ? budget : 1, kWarpSize); }
+
 size_t select_smem_bytes(int budget, const TopKPlan& plan) {
-  return static_cast<size_t>(budget + 1) * (sizeof(uint64_t) + sizeof(float) + 3 * sizeof(int)) +
+  return static_cast<size_t>(select_slots(budget)) * sizeof(uint64_t) +
+         static_cast<size_t>(budget + 1) * (sizeof(float) + 3 * sizeof(int)) +
          static_cast<size_t>(plan.num_rows) * plan.k * sizeof(float);
 }
 
+// Warp-wide max of two 64-bit keys at once: the two halves' reductions overlap.
+__device__ __forceinline__ void warp_max_u64_pair(uint64_t& a, uint64_t& b) {
+  const uint32_t a_hi = warp_max_u32(static_cast<uint32_t>(a >> 32));
+  const uint32_t b_hi = warp_max_u32(static_cast<uint32_t>(b >> 32));
+  const uint32_t a_lo = warp_max_u32(static_cast<uint32_t>(a >> 32) == a_hi ? static_cast<uint32_t>(a) : 0u);
+  const uint32_t b_lo = warp_max_u32(static_cast<uint32_t>(b >> 32) == b_hi ? static_cast<uint32_t>(b) : 0u);
+  a = (static_cast<uint64_t>(a_hi) << 32) | a_lo;
+  b = (static_cast<uint64_t>(b_hi) << 32) | b_lo;
+}
+
 // Warp 0 pops the heap. The frontier holds one entry per popped node (its next unpopped child) plus the
-// root's; lane l owns the entries of nodes l, l+32, ... and keeps their best in a register, so a pop is
-// two warp-wide max reductions (score key, then tie break) and at most two lanes touch shared memory.
+// root's, in slots grouped by 32 (slot g = node g); lane l keeps the best entry of group l in a register.
+// A pop changes one group (the popped entry's slot gets the popped node's next sibling) and adds the new
+// node's first child to its group, so the next best is one warp-wide max over (the other groups' bests,
+// the changed group's 32 entries), computed together with the changed group's new best: two rounds of
+// two independent REDUX per pop, one shared-memory load round, all lanes on the same path (no branches).
 __device__ int run_best_first(const SelectSmem& s, int budget, const TopKPlan& plan) {
   const int lane = threadIdx.x;
   const int k = plan.k;
-  uint64_t best = 0;
+  const int last_row = plan.num_rows - 1;
+  uint64_t group_best = 0;
   if (lane == 0) {
     s.score[0] = 0.0f;
     s.parent[0] = -1;
     s.depth[0] = 0;
     s.rank[0] = 0;
-    if (budget > 0 && k > 0) best = heap_entry(0.0f + s.logprobs[0], 1, 0, 0);
-    s.entry[0] = best;
+    if (budget > 0 && k > 0) {
+      group_best = heap_entry(0.0f + s.logprobs[0], 1, 0, 0);
+      s.entry[0] = group_best;
+    }
   }
+  __syncwarp();
+  uint64_t best = group_best;
+  uint64_t unused = 0;
+  warp_max_u64_pair(best, unused);
   int num_popped = 0;
-  while (num_popped < budget) {
-    const uint32_t top_key = warp_max_u32(static_cast<uint32_t>(best >> 32));
-    if (top_key == 0) break;  // the heap is empty
-    const uint32_t own_tie = static_cast<uint32_t>(best >> 32) == top_key ? static_cast<uint32_t>(best) : 0u;
-    const uint32_t tie = ~warp_max_u32(own_tie);
+  while (num_popped < budget && best != 0) {
+    const uint32_t top_key = static_cast<uint32_t>(best >> 32);
+    const uint32_t tie = ~static_cast<uint32_t>(best);
     const int depth = static_cast<int>(tie >> 21);
     const int rank = static_cast<int>((tie >> 11) & 1023u);
     const int parent = static_cast<int>(tie & 2047u);
     const float score = key_float(top_key);
     const int node = ++num_popped;
+    const int group = parent / kWarpSize;
+    const int slot = group * kWarpSize + lane;
+
+    const uint64_t held = s.entry[slot];
+    const float parent_score = s.score[parent];
+    const float sibling_lp = s.logprobs[(depth - 1) * k + min(rank + 1, k - 1)];
+    const float child_lp = s.logprobs[min(depth, last_row) * k];
+    // The popped node's next sibling takes its slot; its first child goes to slot `node` (nodes >= budget
+    // are never parents of a pop: the loop ends first). Both keys are computed, then kept or dropped, so
+    // the four loads above issue together.
+    const uint64_t sibling_key = heap_entry(parent_score + sibling_lp, depth, rank + 1, parent);
+    const uint64_t child_key = heap_entry(score + child_lp, depth + 1, 0, node);
+    const uint64_t sibling = rank + 1 < k ? sibling_key : 0;
+    const uint64_t child = depth <= last_row && node < budget ? child_key : 0;
     if (lane == 0) {
       s.parent[node] = parent;
       s.depth[node] = depth;
       s.rank[node] = rank;
-    }
-    const int parent_lane = parent % kWarpSize;
-    const int node_lane = node % kWarpSize;
-    if (lane == parent_lane) {  // the parent's next child: the popped node's next sibling
-      const float sibling_lp = rank + 1 < k ? s.logprobs[(depth - 1) * k + rank + 1] : 0.0f;
-      s.entry[parent] = rank + 1 < k ? heap_entry(s.score[parent] + sibling_lp, depth, rank + 1, parent) : 0;
-    }
-    if (lane == node_lane) {  // the popped node's first child
       s.score[node] = score;
-      s.entry[node] = depth < plan.num_rows ? heap_entry(score + s.logprobs[depth * k], depth + 1, 0, node) : 0;
     }
-    if (lane == parent_lane) {
-      best = 0;
-      for (int g = lane; g <= node; g += kWarpSize) best = max(best, s.entry[g]);
-    } else if (lane == node_lane) {
-      best = max(best, s.entry[node]);
-    }
+    // Each slot is stored by the lane that loaded it above (no cross-lane hazard within the pop).
+    if (lane == parent % kWarpSize) s.entry[parent] = sibling;
+    if (lane == node % kWarpSize && node < budget) s.entry[node] = child;
+    const uint64_t changed = slot == parent ? sibling : (slot == node ? child : held);  // [32] the changed group
+    if (lane == node / kWarpSize && lane != group) group_best = max(group_best, child);
+    uint64_t next = max(lane == group ? 0 : group_best, changed);
+    uint64_t changed_best = changed;
+    warp_max_u64_pair(next, changed_best);
+    if (lane == group) group_best = changed_best;
+    best = next;
+    __syncwarp();  // this pop's stores are seen by the next pop's loads
   }
   return num_popped;
 }
@@ -296,13 +331,15 @@ __global__ void __launch_bounds__(kSelectThreads) tree_select_kernel(SelectArgs 
   const int num_nodes = args.budget + 1;
   const TopKPlan plan = args.plan;
   SelectSmem s;
+  const int num_slots = select_slots(args.budget);
   s.entry = smem;
-  s.score = reinterpret_cast<float*>(s.entry + num_nodes);
+  s.score = reinterpret_cast<float*>(s.entry + num_slots);
   s.parent = reinterpret_cast<int*>(s.score + num_nodes);
   s.depth = s.parent + num_nodes;
   s.rank = s.depth + num_nodes;
   s.logprobs = reinterpret_cast<float*>(s.rank + num_nodes);
   for (int i = threadIdx.x; i < plan.num_rows * plan.k; i += blockDim.x) s.logprobs[i] = args.topk_logprobs[i];
+  for (int i = threadIdx.x; i < num_slots; i += blockDim.x) s.entry[i] = 0;
   __syncthreads();
 
   const TreeBuildArgs& out = args.out;
