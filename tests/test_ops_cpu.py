@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from masks import ancestor_mask, block_mask
 
 from kernels import ops, reference
 
@@ -93,18 +94,6 @@ def test_tree_build_full_budget():
     _check_tree_invariants(got, draft, 3)
 
 
-def _ancestor_mask(parents: list[int]) -> torch.Tensor:
-    mask = torch.eye(len(parents), dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
-
-
-def _block_mask(kind: str, num_nodes: int, rng: random.Random) -> torch.Tensor:
-    if kind == "causal":
-        return torch.ones(num_nodes, num_nodes, dtype=torch.bool).tril()
-    return _ancestor_mask([-1] + [rng.randrange(i) for i in range(1, num_nodes)])  # "tree"; N = 1 is single
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -132,7 +121,7 @@ def test_verify_attn_matches_reference(dtype, tol, kind, cache_rows, seed):
     q_pe = torch.randn(num_nodes, num_heads, rope_dim, generator=gen).to(dtype)
     ckv = torch.randn(cache_rows, lat_dim, generator=gen).to(dtype)
     kpe = torch.randn(cache_rows, rope_dim, generator=gen).to(dtype)
-    mask = _block_mask(kind, num_nodes, rng)
+    mask = block_mask(kind, num_nodes, rng)
     scale = (lat_dim + rope_dim) ** -0.5
     args = (q_lat, q_pe, ckv, kpe, torch.tensor(prefix), mask, scale)
     got = ops.verify_attn(*args)
@@ -237,7 +226,7 @@ def _opcheck_cases():
     yield pytest.param("tree_build", (draft, torch.tensor(2), 7), id="tree_build")
     q = (torch.randn(5, 2, 8, generator=gen), torch.randn(5, 2, 4, generator=gen))
     cache = (torch.randn(12, 8, generator=gen), torch.randn(12, 4, generator=gen))
-    attn_args = (*q, *cache, torch.tensor(4), _ancestor_mask([-1, 0, 0, 1, 2]), 0.25)
+    attn_args = (*q, *cache, torch.tensor(4), ancestor_mask([-1, 0, 0, 1, 2]), 0.25)
     yield pytest.param("verify_attn", attn_args, id="verify_attn")
     accept_args = (torch.tensor([9, 1, 2, 3]), torch.tensor([-1, 0, 0, 1]), torch.tensor([1, 3, 0, 4]), 3)
     yield pytest.param("tree_accept", accept_args, id="tree_accept")

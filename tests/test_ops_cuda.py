@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from masks import ancestor_mask, block_mask
 
 from kernels import reference
 
@@ -110,26 +111,14 @@ def test_tree_build_orders_nan_like_minus_inf(ops):
 # ---------------------------------------------------------------- verify_attn
 
 
-def _ancestor_mask(parents: list[int]) -> torch.Tensor:
-    mask = torch.eye(len(parents), dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
 
 
-def _block_mask(kind: str, num_nodes: int, rng: random.Random) -> torch.Tensor:
-    if kind == "causal":
-        return torch.ones(num_nodes, num_nodes, dtype=torch.bool).tril()
-    return _ancestor_mask([-1] + [rng.randrange(i) for i in range(1, num_nodes)])  # "tree" (N = 1: "single")
-
-
-def _attention_f64(q_lat, q_pe, ckv, kpe, prefix: int, block_mask, scale: float):
+def _attention_f64(q_lat, q_pe, ckv, kpe, prefix: int, mask, scale: float):
     """Dense float64 attention on the inputs' device (kernels.reference.verify_attn builds its mask on the CPU)."""
     num_nodes, cache_rows = q_lat.shape[0], ckv.shape[0]
     visible = torch.zeros(num_nodes, cache_rows, dtype=torch.bool, device=ckv.device)
     visible[:, :prefix] = True
-    visible[:, prefix : prefix + num_nodes] = block_mask
+    visible[:, prefix : prefix + num_nodes] = mask
     scores = torch.einsum("nhr,sr->nhs", q_lat.double(), ckv.double())
     scores += torch.einsum("nhp,sp->nhs", q_pe.double(), kpe.double())
     scores = (scores * scale).masked_fill_(~visible[:, None, :], float("-inf"))  # [N, H, S]
@@ -169,7 +158,7 @@ def _attn_inputs(case: str, dtype: torch.dtype, seed: int):
     q_pe = torch.randn(num_nodes, num_heads, rope_dim, generator=gen).to(dtype)
     ckv = torch.randn(cache_rows, lat_dim, generator=gen).to(dtype)
     kpe = torch.randn(cache_rows, rope_dim, generator=gen).to(dtype)
-    mask = _block_mask(kind, num_nodes, random.Random(seed))
+    mask = block_mask(kind, num_nodes, random.Random(seed))
     return q_lat, q_pe, ckv, kpe, prefix, mask, 1.5 * (lat_dim + rope_dim) ** -0.5
 
 
@@ -284,7 +273,7 @@ def _small_cases(seed: int) -> dict[str, tuple]:
     cache = (torch.randn(12, 32, generator=gen), torch.randn(12, 8, generator=gen))
     cases = {
         "tree_build": (_draft(seed, 3, 100, "ties"), torch.tensor(2), 7),
-        "verify_attn": (*q, *cache, torch.tensor(4), _ancestor_mask([-1, 0, 0, 1, 2]), 0.25),
+        "verify_attn": (*q, *cache, torch.tensor(4), ancestor_mask([-1, 0, 0, 1, 2]), 0.25),
         "tree_accept": (torch.tensor([9, 1, 2, 3]), torch.tensor([-1, 0, 0, 1]), torch.tensor([1, 3, 0, 4]), 3),
         "kv_compact": (torch.randn(2, 9, 32), torch.randn(2, 9, 8), torch.tensor(2), torch.tensor([0, 2, 5, -1])),
     }
