@@ -118,7 +118,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--budgets", default=", ".join(map(str, DEFAULT_BUDGETS)),
                    help="tree budgets to try (default: %(default)s)")
     p.add_argument("--block-size", type=int, default=defaults.block_size)
-    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    p.add_argument("--max-new", "--max-new-tokens", dest="max_new_tokens", type=int, default=defaults.max_new_tokens)
     p.add_argument("--device", default=defaults.device, choices=["cpu", "cuda"])
     p.add_argument("--dtype", default=defaults.dtype, choices=["float32", "bfloat16"])
     p.add_argument("--noise", type=float, default=0.0, help="the oracle drafter's noise in [0, 1] (default 0)")

@@ -116,9 +116,9 @@ def mask_figure(step: StepRecord) -> go.Figure:
         z=z, zmin=0, zmax=2, showscale=False,
         colorscale=[[0, "#f4f4f4"], [0.5, "#6b8fd6"], [1.0, COLORS["accepted"]]],
         hovertemplate="query node %{y}, key node %{x}: %{z}<extra></extra>"))
-    fig.update_layout(title=f"{step.mode} step {step.index}: visibility mask (0 hidden, 1 visible, 2 both nodes "
-                            "accepted)", height=520,
+    fig.update_layout(title={"text": f"{step.mode} step {step.index}: visibility mask<br><sup>grey hidden · blue "
+                                     "visible · green both nodes accepted</sup>", "y": 0.98}, height=520,
                       xaxis={"title": "key node", "side": "top"},
                       yaxis={"title": "query node", "autorange": "reversed"},
-                      margin={"l": 40, "r": 20, "t": 80, "b": 20})
+                      margin={"l": 40, "r": 20, "t": 110, "b": 20})
     return fig
