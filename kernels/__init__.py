@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ExtensionBuildError", "build_info", "build_lock", "check_error_path", "load"]
+__all__ = ["ExtensionBuildError", "build_info", "build_lock", "check_error_path", "is_loaded", "load"]
 
 CSRC = Path(__file__).parent / "csrc"
 EXTENSION_NAME = "ddtree_ops"
@@ -63,6 +63,11 @@ def load():
     """Build (or reuse) and load the op library; returns the `torch.ops.ddtree` namespace."""
     with _LOAD_LOCK:  # Streamlit runs sessions in threads: two first calls must not both load
         return _load_once().ops
+
+
+def is_loaded() -> bool:
+    """Whether this process has loaded the op library already (without loading it)."""
+    return _load_once.cache_info().currsize > 0
 
 
 def build_info() -> dict:

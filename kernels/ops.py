@@ -1,6 +1,8 @@
 """Typed wrappers over torch.ops.ddtree.* and their fake (meta) kernels.
 
-Importing this module loads the op library (kernels.load()): the fake kernels need the schemas.
+The op library is built and loaded on the first op call (kernels.load()), not at import, so importing the
+engine costs nothing until it decodes; the fake kernels are registered right after the load (they need the
+schemas), or at import when the library is already loaded (torch imports this module for fake tracing).
 
 Contracts (the one place in code where they are written; README.md, "Custom ops", has the long form).
 Index scalars (root_token, prefix_len, path_len, bonus) are 0-dim int64 tensors on the op's device.
@@ -33,14 +35,13 @@ checks the step's results when it reads its record.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from kernels import load
-
-load()
+import kernels
 
 
 class BuiltTree(NamedTuple):
@@ -65,27 +66,26 @@ class Acceptance(NamedTuple):
 
 def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int) -> BuiltTree:
     """Best-first draft tree of budget+1 nodes (root first) from per-depth draft log-probabilities."""
-    return BuiltTree(*torch.ops.ddtree.tree_build(draft_logprobs, root_token, budget))
+    return BuiltTree(*_ops().tree_build(draft_logprobs, root_token, budget))
 
 
 def verify_attn(
     q_lat: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor, prefix_len: Tensor, block_mask: Tensor, scale: float
 ) -> Attention:
     """Absorbed-MLA attention of N block nodes over the prefix and the block rows their mask allows."""
-    return Attention(*torch.ops.ddtree.verify_attn(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale))
+    return Attention(*_ops().verify_attn(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale))
 
 
 def tree_accept(tokens: Tensor, parents: Tensor, target: Tensor, max_depth: int) -> Acceptance:
     """Greedy walk from the root along children whose token is the target's choice at their parent."""
-    return Acceptance(*torch.ops.ddtree.tree_accept(tokens, parents, target, max_depth))
+    return Acceptance(*_ops().tree_accept(tokens, parents, target, max_depth))
 
 
 def kv_compact(ckv: Tensor, kpe: Tensor, prefix_len: Tensor, path: Tensor) -> None:
     """Move the accepted path's cache rows to prefix_len, prefix_len+1, ... in every layer (in place)."""
-    torch.ops.ddtree.kv_compact(ckv, kpe, prefix_len, path)
+    _ops().kv_compact(ckv, kpe, prefix_len, path)
 
 
-@torch.library.register_fake("ddtree::tree_build")
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int):
     num_nodes = budget + 1
     index = draft_logprobs.new_empty((num_nodes,), dtype=torch.int64)
@@ -99,16 +99,32 @@ def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int):
     )
 
 
-@torch.library.register_fake("ddtree::verify_attn")
 def _verify_attn_fake(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale):
     return torch.empty_like(q_lat), q_lat.new_empty(q_lat.shape[:2], dtype=torch.float32)
 
 
-@torch.library.register_fake("ddtree::tree_accept")
 def _tree_accept_fake(tokens: Tensor, parents: Tensor, target: Tensor, max_depth: int):
     return tokens.new_empty((max_depth + 1,)), tokens.new_empty(()), tokens.new_empty(())
 
 
-@torch.library.register_fake("ddtree::kv_compact")
 def _kv_compact_fake(ckv, kpe, prefix_len, path):
     return None
+
+
+@functools.cache
+def _register_fakes() -> None:
+    for name, fake in (("tree_build", _tree_build_fake), ("verify_attn", _verify_attn_fake),
+                       ("tree_accept", _tree_accept_fake), ("kv_compact", _kv_compact_fake)):
+        torch.library.register_fake(f"ddtree::{name}", fake)
+
+
+@functools.cache
+def _ops():
+    """torch.ops.ddtree, loading the library (and registering the fakes) on first use."""
+    ops = kernels.load()
+    _register_fakes()
+    return ops
+
+
+if kernels.is_loaded():
+    _register_fakes()

@@ -13,6 +13,10 @@ constexpr int kSelectThreads = 512;
 constexpr int kMinChunkLen = 4096;       // vocabulary entries per top-k block, at least
 constexpr int kMaxChunkLen = 32768;      // ... and at most (128 KB of keys in shared memory)
 constexpr int kMaxCandidates = 16384;    // chunks * k that the merge block holds (128 KB)
+// Top-k blocks per launch, at most, when the vocabulary allows: 4 blocks of 512 threads fit an SM, so 512
+// blocks are one wave on the H200's 132 SMs (528 slots). 15 rows x 40 chunks of 4096 would be 600 blocks:
+// a second wave of 72 that costs nearly a whole block time more.
+constexpr int kMaxChunkBlocks = 512;
 constexpr int kRadixBins = 256;
 
 // How the vocabulary of each reachable row is cut for the top-k stages.
@@ -30,7 +34,11 @@ TopKPlan make_plan(int num_depths, int vocab, int budget) {
   plan.k = std::min(budget, vocab);
   if (plan.num_rows == 0 || plan.k == 0) return plan;
   const int max_chunks = std::max(1, kMaxCandidates / plan.k);
-  const int chunks = std::min(max_chunks, ceil_div(vocab, kMinChunkLen));
+  const int one_wave = std::max(1, kMaxChunkBlocks / plan.num_rows);
+  // At least ceil(V / kMaxChunkLen) chunks (the keys fit shared memory; TreeBuildMaxVocab keeps that within
+  // max_chunks), else as many as one wave holds, chunks of kMinChunkLen at least.
+  const int chunks = std::max(ceil_div(vocab, kMaxChunkLen),
+                              std::min({max_chunks, one_wave, ceil_div(vocab, kMinChunkLen)}));
   plan.chunk_len = ceil_div(vocab, chunks);
   plan.num_chunks = ceil_div(vocab, plan.chunk_len);  // every chunk non-empty
   plan.sort_len = 1;

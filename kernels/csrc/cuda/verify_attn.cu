@@ -17,9 +17,10 @@ constexpr int kTileRows = 32;
 constexpr int kRowGroup = 8;  // rows whose scores one transpose-reduction finishes
 constexpr int kMaxLatChunks = kVerifyAttnMaxLatDim / kWarpSize;
 constexpr int kMaxRopeChunks = kVerifyAttnMaxRopeDim / kWarpSize;
-constexpr int kMaxSplits = 64;
+constexpr int kMaxSplits = 256;
 constexpr int kMinSplitRows = 256;
-constexpr int kCombineThreads = 128;
+constexpr int kMaxCombineThreads = 1024;
+static_assert(kMaxCombineThreads >= kVerifyAttnMaxLatDim, "one combine thread per column at least");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -332,7 +333,6 @@ constexpr int kPChunks = kRowsKv / 8;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kValueCols = kLat / kWarps;  // value columns per warp in O += P V
-constexpr int kMinSplitRows = 128;
 constexpr size_t kTileElems = static_cast<size_t>(kRowsQ) * kDim;
 constexpr size_t kSmemBytes = 3 * kTileElems * sizeof(bf16)                  // Q, 2 cache tiles
                               + static_cast<size_t>(kRowsQ) * kRowsKv * sizeof(bf16)  // P
@@ -614,10 +614,16 @@ cudaError_t launch(const VerifyAttnArgs<bf16>& a, cudaStream_t stream) {
 }  // namespace tc
 
 // Block (node, head): o = sum_s w_s O_s with w_s = 2^(m_s - M) / L, L = sum_s 2^(m_s - M) l_s.
-// A split with m_s = -inf saw nothing and may not have written O_s: it is skipped, not multiplied by 0.
-template <typename T>
-__global__ void __launch_bounds__(kCombineThreads) verify_attn_combine_kernel(VerifyAttnArgs<T> a) {
+// A split with m_s = -inf saw nothing and may not have written O_s: it is left out of the list of active
+// splits, never read. The block's threads are (column group of kVec columns, slice of the active splits):
+// with many splits (N = 1: ~128) each thread has only a few independent loads to wait on, and the slices
+// are summed through shared memory in a fixed order (deterministic).
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kMaxCombineThreads) verify_attn_combine_kernel(VerifyAttnArgs<T> a) {
   __shared__ float s_weight[kMaxSplits];
+  __shared__ int s_active[kMaxSplits];
+  __shared__ int s_num_active;
+  __shared__ float s_part[kMaxCombineThreads * kVec];
   const size_t nh = blockIdx.x;
   const size_t num_nh = static_cast<size_t>(a.num_nodes) * a.num_heads;
   const float* part_o = a.workspace;
@@ -633,21 +639,69 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_combine_kernel(Ve
       if (m_s != neg_inf()) total += exp2f(m_s - m_max) * part_ml[2 * (s * num_nh + nh) + 1];
     }
     total = warp_sum(total);
-    for (int s = lane; s < a.num_splits; s += kWarpSize) {
-      const float m_s = part_ml[2 * (s * num_nh + nh)];
-      s_weight[s] = m_s != neg_inf() && total > 0.0f ? exp2f(m_s - m_max) / total : 0.0f;
+    int count = 0;
+    for (int s0 = 0; s0 < a.num_splits; s0 += kWarpSize) {  // every lane runs the same trip count
+      const int s = s0 + lane;
+      const float m_s = s < a.num_splits ? part_ml[2 * (s * num_nh + nh)] : neg_inf();
+      const bool active = m_s != neg_inf() && total > 0.0f;
+      const unsigned ballot = __ballot_sync(kFullMask, active);
+      if (active) {
+        const int k = count + __popc(ballot & ((1u << lane) - 1u));
+        s_active[k] = s;
+        s_weight[k] = exp2f(m_s - m_max) / total;
+      }
+      count += __popc(ballot);
     }
-    if (lane == 0) a.lse[nh] = total > 0.0f ? (m_max + log2f(total)) * kLn2 : neg_inf();
+    if (lane == 0) {
+      s_num_active = count;
+      a.lse[nh] = total > 0.0f ? (m_max + log2f(total)) * kLn2 : neg_inf();
+    }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < a.lat_dim; c += blockDim.x) {
-    float o = 0.0f;
-    for (int s = 0; s < a.num_splits; ++s) {
-      const float w = s_weight[s];
-      if (w != 0.0f) o = fmaf(w, part_o[(s * num_nh + nh) * a.lat_dim + c], o);
+  const int num_active = s_num_active;
+  const int groups = ceil_div(a.lat_dim, kVec);
+  const int slices = blockDim.x / groups;  // combine_threads: >= 1, groups x slices <= kMaxCombineThreads
+  const int group = threadIdx.x % groups;
+  const int slice = threadIdx.x / groups;
+  const int c0 = group * kVec;
+  float acc[kVec] = {};
+  if (slice < slices) {
+#pragma unroll 4
+    for (int k = slice; k < num_active; k += slices) {
+      const float w = s_weight[k];
+      const float* src = part_o + (s_active[k] * num_nh + nh) * a.lat_dim + c0;
+      if constexpr (kVec == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        acc[0] = fmaf(w, v.x, acc[0]);
+        acc[1] = fmaf(w, v.y, acc[1]);
+        acc[2] = fmaf(w, v.z, acc[2]);
+        acc[3] = fmaf(w, v.w, acc[3]);
+      } else {
+        static_assert(kVec == 1);
+        if (c0 < a.lat_dim) acc[0] = fmaf(w, src[0], acc[0]);
+      }
     }
-    a.o_lat[nh * a.lat_dim + c] = from_float<T>(o);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) s_part[(slice * groups + group) * kVec + i] = acc[i];
   }
+  __syncthreads();
+  if (slice == 0 && c0 < a.lat_dim) {
+    float o[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) o[i] = s_part[group * kVec + i];
+    for (int sl = 1; sl < slices; ++sl) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) o[i] += s_part[(sl * groups + group) * kVec + i];
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) a.o_lat[nh * a.lat_dim + c0 + i] = from_float<T>(o[i]);
+  }
+}
+
+// Combine block size: one thread per (column group, slice of the splits), at most one slice per split.
+int combine_threads(int groups, int num_splits) {
+  const int slices = std::max(1, std::min(num_splits, kMaxCombineThreads / groups));
+  return round_up(groups * slices, kWarpSize);
 }
 
 template <typename T>
@@ -668,16 +722,36 @@ cudaError_t launch_partial(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Tensor-core kernel (one block per multiprocessor, all blocks of a launch equally long): the split count
+// with the least modelled time, in units of one 64 x 64 tile step of a block. Waves x (tiles per split + 1
+// for the query load, pipeline fill and epilogue), plus for several splits the combine kernel (a launch
+// and reading the fp32 partial outputs, ~0.14 tile steps per 1000 partial rows). Counts past one wave only
+// pay when a wave has few tiles; the smallest count wins ties. Examples, 132 SMs, H = 64: N = 1 -> 64
+// splits at S = 4096, 128 at S >= 16384; N = 8 -> 16; N = 32 -> 4; N = 65 -> 2; N >= 129 -> 1.
+int tc_num_splits(int num_nodes, int num_heads, int cache_rows, int num_sms) {
+  const int64_t tiles = std::max(1, tc::num_query_tiles(num_nodes, num_heads));
+  const int kv_tiles = std::max(1, ceil_div(cache_rows, tc::kRowsKv));
+  const double partial_rows = static_cast<double>(num_nodes) * num_heads;
+  int best = 1;
+  double best_cost = 0.0;
+  for (int s = 1; s <= std::min(kv_tiles, kMaxSplits); ++s) {
+    const int64_t waves = (tiles * s + num_sms - 1) / std::max(1, num_sms);
+    double cost = static_cast<double>(waves) * (ceil_div(kv_tiles, s) + 1);
+    if (s > 1) cost += 0.2 + 1.37e-4 * s * partial_rows;
+    if (s == 1 || cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
+}
+
 }  // namespace
 
 int VerifyAttnNumSplits(int num_nodes, int num_heads, int cache_rows, int num_sms) {
-  // CUDA-core kernel: two waves of 8-head blocks. Tensor-core kernel (one block per multiprocessor): one
-  // wave of 64-row query tiles. The larger of the two, so one workspace size serves either path.
+  // CUDA-core kernel: two waves of 8-head blocks. Tensor-core kernel: tc_num_splits. The larger of the
+  // two, so one workspace size serves either path (both are correct for any count up to kMaxSplits).
   const int blocks = num_nodes * ceil_div(num_heads, kHeadsPerBlock);
   const int wanted = ceil_div(2 * num_sms, std::max(1, blocks));
   const int cuda_core = std::min(wanted, ceil_div(cache_rows, kMinSplitRows));
-  const int tiles = std::max(1, tc::num_query_tiles(num_nodes, num_heads));
-  const int tensor_core = std::min(ceil_div(num_sms, tiles), ceil_div(cache_rows, tc::kMinSplitRows));
+  const int tensor_core = tc_num_splits(num_nodes, num_heads, cache_rows, num_sms);
   return std::clamp(std::max(cuda_core, tensor_core), 1, kMaxSplits);
 }
 
@@ -707,7 +781,13 @@ cudaError_t VerifyAttn(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
   }
   if (err != cudaSuccess) return err;
   if (a.num_splits == 1) return cudaSuccess;
-  verify_attn_combine_kernel<T><<<a.num_nodes * a.num_heads, kCombineThreads, 0, stream>>>(a);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int blocks = a.num_nodes * a.num_heads;
+  if (a.lat_dim % 4 == 0 && aligned(a.workspace)) {  // float4 loads of the partial outputs
+    verify_attn_combine_kernel<T, 4><<<blocks, combine_threads(a.lat_dim / 4, a.num_splits), 0, stream>>>(a);
+  } else {
+    verify_attn_combine_kernel<T, 1><<<blocks, combine_threads(a.lat_dim, a.num_splits), 0, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
