@@ -265,3 +265,29 @@ def test_report_page_offers_the_five_files():
         button.click()
         run(at)
         assert at.session_state["reports"] is files, "downloading does not re-render"
+
+
+def test_a_path_loads_a_hugging_face_directory_and_a_bad_path_keeps_the_model(tiny_checkpoint, tmp_path):
+    from safetensors.numpy import save_file
+
+    hf_dir = tmp_path / "tiny-hf"
+    hf_dir.mkdir()
+    hf_fields = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+    config = tiny_checkpoint.config.to_dict() | hf_fields
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    save_file(tiny_checkpoint.weights, str(hf_dir / "model.safetensors"))
+
+    at = start()
+    at.sidebar.text_input(key="model_path").set_value(str(tmp_path / "missing")).run()
+    assert "no such file or directory" in at.sidebar.error[0].value
+    assert at.sidebar.selectbox(key="model").value == "model_tiny.kdtr"
+
+    at.sidebar.text_input(key="model_path").set_value(str(hf_dir)).run()
+    assert not at.exception
+    assert at.sidebar.selectbox(key="model").value == str(hf_dir)
+    assert [e.value for e in at.sidebar.error] == ["Prompt: the prompt is empty: give at least one token id"]
+    at.sidebar.text_input(key="prompt_text").set_value(", ".join(map(str, tiny_checkpoint.prompt))).run()
+    assert not at.sidebar.error
+    press(at, "Run to end")
+    golden = tiny_checkpoint.golden_tokens.tolist()
+    assert shown_tokens(at)[: len(golden)] == golden, "the Hugging Face copy decodes the fixture's golden tokens"

@@ -13,6 +13,7 @@ import streamlit as st
 
 from engine.checkpoint import Checkpoint
 from engine.kdtr import read_kdtr
+from engine.loading import load_model
 from engine.model import TargetModel
 
 FIXTURES_DIR = pathlib.Path(__file__).resolve().parent.parent / "tests" / "refs"
@@ -48,6 +49,11 @@ def read_upload(name: str, data: bytes) -> Checkpoint:
         except ValueError as exc:
             raise type(exc)(str(exc).replace(str(path), name)) from exc
     return dataclasses.replace(ckpt, source=f"upload:{name}")
+
+
+def load_path(path: str) -> Checkpoint:
+    """A .kdtr file or a Hugging Face directory named by a path on this server."""
+    return load_model(path)
 
 
 @st.cache_resource(show_spinner="Loading the target model...", max_entries=8)

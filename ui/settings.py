@@ -66,12 +66,31 @@ def _on_upload() -> None:
     ss.model = name
 
 
+def _on_path() -> None:
+    """Load a .kdtr file or a Hugging Face directory on this server. A bad path leaves the model as it was."""
+    ss = st.session_state
+    path = ss.model_path.strip()
+    ss.upload_error = None
+    if not path:
+        return
+    try:
+        ss.uploads[path] = resources.load_path(path)
+    except (ValueError, OSError) as exc:
+        ss.upload_error = f"{path} was not loaded: {exc}"
+        return
+    ss.model = path
+
+
 def _model() -> str:
     st.header("Model")
     names = [*resources.bundled_models(), *st.session_state.uploads]
     model = st.selectbox("Checkpoint", names, key="model", help="Bundled fixtures from tests/refs, or your uploads.")
     st.file_uploader("Upload a .kdtr", type=["kdtr"], key="upload", on_change=_on_upload,
                      help="Validated by the same loader as the CLI (engine.kdtr.read_kdtr).")
+    st.text_input("Or load a path", key="model_path", on_change=_on_path,
+                  placeholder="model.kdtr or a Hugging Face directory",
+                  help="A .kdtr file or a Hugging Face DeepSeek-V3 / Kimi-K2 directory (config.json + safetensors) "
+                       "on this server, loaded by engine.loading.load_model, as `run --model` does.")
     if st.session_state.upload_error:
         st.error(f"{st.session_state.upload_error} Still using {model}.")
     return model

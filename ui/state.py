@@ -6,7 +6,7 @@ Each browser tab has its own session_state, so two tabs never share a decoder. K
   pair      (AR RunRecord, DDTree RunRecord) for the Profile, Compare and Report pages (None until needed)
   reports   export file name -> bytes rendered from pair (None until the Report page asks)
   sweep     the budget sweep's rows (None until run)
-  uploads   uploaded checkpoints that loaded, by display name
+  uploads   uploaded or path-loaded checkpoints that loaded, by display name
 """
 from __future__ import annotations
 
