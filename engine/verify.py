@@ -34,16 +34,28 @@ def verify(path: str, budget: int, block_size: int, device: str, dtype: str) -> 
     drafted = dd.num_committed - 1  # the prefill's token is not a step's
     print(f"DDTree stats: steps={dd.num_steps} committed={dd.num_committed} "
           f"avg_accept={drafted / max(dd.num_steps, 1):.2f} tokens/step (block_size={block_size})")
-    max_diff = float(np.abs(ar.logits - ckpt.golden_logits).max())
-    print(f"max |AR logit - golden logit| = {max_diff:.3e}")
-    for name, run in (("AR", ar), ("DDTREE", dd)):
-        pos = first_mismatch(golden, run.tokens)
+    diverged = first_mismatch(golden, ar.tokens)
+    shared = len(golden) if diverged is None else diverged + 1  # positions whose logits saw the same prefix
+    max_diff = float(np.abs(ar.logits[:shared] - ckpt.golden_logits[:shared]).max())
+    scope = "" if diverged is None else f" (positions 0..{shared - 1}, before AR's tokens leave golden's)"
+    print(f"max |AR logit - golden logit| = {max_diff:.3e}{scope}")
+    # float32 reproduces the float64 golden tokens; bfloat16 may pick other near-tied tokens, so there the
+    # invariant checked is DDTree == AR of the same dtype.
+    expected, name = (golden, "golden") if dtype == "float32" else (ar.tokens, "AR")
+    runs = (("AR", ar), ("DDTREE", dd)) if dtype == "float32" else (("DDTREE", dd),)
+    for run_name, run in runs:
+        pos = first_mismatch(expected, run.tokens)
         if pos is not None:
             got = run.tokens[pos] if pos < len(run.tokens) else None
-            want = golden[pos] if pos < len(golden) else None
-            print(f"FAIL {name} differs from golden at position {pos}: golden {want}, {name.lower()} {got}")
+            want = expected[pos] if pos < len(expected) else None
+            print(f"FAIL {run_name} differs from {name} at position {pos}: {name.lower()} {want}, "
+                  f"{run_name.lower()} {got}")
             return 1
-    print(f"PASS model_ddtree AR==golden and DDTREE==golden ({len(golden)} tokens), greedy-exact")
+    if dtype == "float32":
+        print(f"PASS model_ddtree AR==golden and DDTREE==golden ({len(golden)} tokens), greedy-exact")
+    else:
+        note = "" if diverged is None else f"; {dtype} AR leaves the float64 golden tokens at position {diverged}"
+        print(f"PASS model_ddtree DDTREE==AR in {dtype} ({len(golden)} tokens), greedy-exact{note}")
     return 0
 
 
