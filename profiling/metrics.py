@@ -187,24 +187,33 @@ def kernel_table(run: RunRecord, capture: Capture | None = None) -> list[dict]:
     parents = range_parents(names)
     step_total = sum(s.timings_ns.get(STEP, 0) for s in run.steps)
     totals = {n: sum(s.timings_ns.get(n, 0) for s in run.steps) for n in names}
+    own = [self_ns(s.timings_ns) for s in run.steps]
     depth: dict[str, int] = {}
     rows = []
     for name in names:
         parent = parents[name]
         depth[name] = 0 if parent is None else depth[parent] + 1
         values = np.array([s.timings_ns[name] for s in run.steps if name in s.timings_ns], dtype=np.float64) / 1e6
-        child_total = sum(totals[c] for c in names if parents[c] == name)
         rows.append({
             "mode": run.mode, "name": name, "parent": parent, "depth": depth[name],
             "leaf": not any(parents[c] == name for c in names), "count": len(values),
             "total_ms": totals[name] / 1e6, "mean_ms": float(values.mean()),
             "p50_ms": float(np.percentile(values, 50)), "p95_ms": float(np.percentile(values, 95)),
-            "self_ms": (totals[name] - child_total) / 1e6,
+            "self_ms": sum(o.get(name, 0) for o in own) / 1e6,
             "share": totals[name] / step_total if step_total else None,
             "profiler_cpu_ms": captured[name].cpu_ms if name in captured else None,
             "device_ms": captured[name].device_ms if on_device and name in captured else None,
         })
     return rows
+
+
+def self_ns(timings_ns: dict[str, int]) -> dict[str, int]:
+    """One step's ranges -> the time each spent outside its child ranges (these add up to the step's time)."""
+    own = dict(timings_ns)
+    for name, parent in range_parents(list(timings_ns)).items():
+        if parent is not None:
+            own[parent] -= timings_ns[name]
+    return own
 
 
 def stage_ns(step: StepRecord) -> dict[str, int]:

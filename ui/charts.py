@@ -11,23 +11,17 @@ from plotly.subplots import make_subplots
 
 from engine.records import RunRecord, StepRecord
 from engine.sweep import fastest
-from profiling.metrics import range_parents
+from profiling.metrics import self_ns
 from profiling.spans import nested, step_spans
 
 _LAYER = re.compile(r"/layer\d+/")
 
 
 def self_ms(step: StepRecord) -> dict[str, float]:
-    """Each range's time not covered by its child ranges, layers folded together (layer*): these add up to the
-    step's total, so they stack into one bar per step."""
-    times = step.timings_ns
-    parents = range_parents(list(times))
-    own = dict(times)
-    for name, parent in parents.items():
-        if parent is not None:
-            own[parent] -= times[name]
+    """Each range's self time (profiling.metrics.self_ns) in ms, layers folded together (layer*): these add up
+    to the step's total, so they stack into one bar per step."""
     out: dict[str, float] = {}
-    for name, ns in own.items():
+    for name, ns in self_ns(step.timings_ns).items():
         label = _LAYER.sub("/layer*/", name.removeprefix("step/")) if name != "step" else "step (between stages)"
         out[label] = out.get(label, 0.0) + max(ns, 0) / 1e6
     return out
