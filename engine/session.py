@@ -65,20 +65,24 @@ def decode(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str
     return make_decoder(ckpt, prompt, cfg, mode, noise, drafter_seed, timer, model).run(on_step)
 
 
+def warm_up(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel) -> None:
+    """Two untimed steps of each mode, so one-time costs (library handles, first-touch allocations) stay out
+    of the numbers of the runs that follow."""
+    short = dataclasses.replace(cfg, max_new_tokens=min(cfg.max_new_tokens, 2))
+    for mode in ("ar", "ddtree"):
+        make_decoder(ckpt, prompt, short, mode, model=model, continuation=golden_for(ckpt, prompt, cfg) or []).run()
+
+
 def decode_pair(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, noise: float = 0.0,
                 drafter_seed: int = 0, profile_timers: bool = True,
                 on_step: Callable[[StepRecord], None] | None = None,
                 model: TargetModel | None = None, warmup: bool = True) -> tuple[RunRecord, RunRecord]:
-    """AR, then DDTree, on the same prompt, config and model. on_step sees both runs' steps in turn.
-    warmup first runs two untimed steps of each mode, so one-time costs (library handles, first-touch
-    allocations) stay out of the AR numbers."""
+    """AR, then DDTree, on the same prompt, config and model (after warm_up, unless warmup=False).
+    on_step sees both runs' steps in turn."""
     model = model or load_target(ckpt, cfg)
     continuation = golden_for(ckpt, prompt, cfg)
     if warmup:
-        short = dataclasses.replace(cfg, max_new_tokens=min(cfg.max_new_tokens, 2))
-        for mode in ("ar", "ddtree"):
-            make_decoder(ckpt, prompt, short, mode, noise, drafter_seed, model=model,
-                         continuation=continuation or []).run()
+        warm_up(ckpt, prompt, cfg, model)
 
     def timer() -> StepTimer:
         return StepTimer(model.device, enabled=profile_timers)

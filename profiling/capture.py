@@ -20,7 +20,7 @@ from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
 from engine.decode import Decoder
 from engine.records import RunRecord, StepRecord
-from engine.session import golden_for, load_target, make_decoder
+from engine.session import golden_for, load_target, make_decoder, warm_up
 
 from .capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
 from .metrics import STEP
@@ -152,8 +152,9 @@ def _profiled(build: Callable[[StepTimer], Decoder], cfg: DecodeConfig,
 def capture_pair(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, noise: float = 0.0,
                  drafter_seed: int = 0, on_step: Callable[[StepRecord], None] | None = None
                  ) -> tuple[RunRecord, RunRecord, Capture]:
-    """decode_pair under torch.profiler: AR then DDTree on one model, each in its own capture."""
+    """decode_pair under torch.profiler: a warm-up, then AR and DDTree on one model, each in its own capture."""
     model = load_target(ckpt, cfg)
+    warm_up(ckpt, prompt, cfg, model)
     ar, ar_capture = _profiled(lambda t: make_decoder(ckpt, prompt, cfg, "ar", timer=t, model=model), cfg, on_step)
     continuation = golden_for(ckpt, prompt, cfg) or ar.tokens
     dd, dd_capture = _profiled(lambda t: make_decoder(ckpt, prompt, cfg, "ddtree", noise, drafter_seed, t, model,
