@@ -4,14 +4,18 @@ verify_attn: ours vs the plain-torch absorbed attention (einsum scores + masked_
 the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours. tree_build: ours vs a Python heapq build
 of the same algorithm over torch.topk, and vs our CPU op on a CPU copy. tree_accept and kv_compact: ours vs
 the plain-torch references of kernels/reference.py. On CUDA, "ours" and the torch attention are timed as
-CUDA-graph replays (device time) and as eager calls (CUDA events, launch gaps included).
+CUDA-graph replays (device time) and as eager calls (CUDA events, launch gaps included). On an H100/H200 the
+verify_attn table also times the mma.sync kernel (DDTREE_VERIFY_ATTN_KERNEL=mma) beside the automatic choice
+(wgmma).
 
     python -m benchmarks.bench_kernels [--device cuda|cpu] [--quick] [--out DIR]
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -103,8 +107,30 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 # -- verify_attn ---------------------------------------------------------------------------------------------
 
+KERNEL_ENV = "DDTREE_VERIFY_ATTN_KERNEL"
+
+
 def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
     return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
+
+
+@contextlib.contextmanager
+def attn_kernel(name: str) -> Iterator[None]:
+    """verify_attn runs `name` (DDTREE_VERIFY_ATTN_KERNEL) inside the block: graphs captured there keep it."""
+    before = os.environ.get(KERNEL_ENV)
+    os.environ[KERNEL_ENV] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[KERNEL_ENV]
+        else:
+            os.environ[KERNEL_ENV] = before
+
+
+def has_wgmma(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether verify_attn's automatic choice here is the wgmma kernel (an H100/H200, bfloat16)."""
+    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def attn_cost(n: int, s: int, itemsize: int, num_visible_block: int) -> tuple[int, int]:
@@ -126,18 +152,25 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
     del ref_o, ref_lse, o, lse
     ours = measure(ours_attention, sets, device, budget)
     base = measure(torch_attention, sets, device, budget)
+    mma = None
+    if has_wgmma(device, dtype):  # the previous tensor-core kernel (mma.sync), for the record
+        with attn_kernel("mma"):
+            mma = measure(ours_attention, sets, device, budget)
     floor_us = ceil.floor_us(num_bytes, flops)
-    print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us", flush=True)
+    mma_text = f"  mma.sync {mma.us:9.1f} us" if mma else ""
+    print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us{mma_text}", flush=True)
     return {
         "N": n, "S": s, "prefix_len": s - n, "dtype": str(dtype).removeprefix("torch."),
         "ours_us": ours.us, "torch_us": base.us, "speedup": ratio(base.us, ours.us),
+        "mma_us": mma.us if mma else None, "mma_over_ours": ratio(mma.us, ours.us) if mma else None,
         "ours_eager_us": ours.eager_us, "torch_eager_us": base.eager_us,
         "speedup_eager": ratio(base.eager_us, ours.eager_us),
         "ours_tbps": num_bytes / ours.us / 1e6, "ours_tflops": flops / ours.us / 1e6,
         "torch_tflops": flops / base.us / 1e6, "floor_us": floor_us,
         "ours_roofline": floor_us / ours.us, "torch_roofline": floor_us / base.us,
         "bytes": num_bytes, "flops": flops, "flop_per_byte": flops / num_bytes, **errors,
-        "num_sets": len(sets), "timings": {"ours": ours.timings, "torch": base.timings},
+        "num_sets": len(sets),
+        "timings": {"ours": ours.timings, "torch": base.timings, **({"mma": mma.timings} if mma else {})},
     }
 
 
@@ -150,6 +183,7 @@ def bench_verify_attn(g: Grid, device: torch.device, dtype: torch.dtype, budget:
 ATTN_COLUMNS = [
     Column("N", "N", "{}"), Column("S", "S", "{}"), Column("ours_us", "ours us", "{:.1f}"),
     Column("torch_us", "torch us", "{:.1f}"), Column("speedup", "torch/ours", "{:.2f}"),
+    Column("mma_us", "mma.sync us", "{:.1f}"), Column("mma_over_ours", "mma.sync/ours", "{:.2f}"),
     Column("ours_tbps", "ours TB/s", "{:.3g}"), Column("ours_tflops", "ours TFLOP/s", "{:.3g}"),
     Column("ours_roofline", "ours roofline", "{:.0%}"), Column("torch_tflops", "torch TFLOP/s", "{:.3g}"),
     Column("torch_roofline", "torch roofline", "{:.0%}"), Column("ours_eager_us", "ours eager us", "{:.1f}"),

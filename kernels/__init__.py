@@ -19,6 +19,7 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -127,12 +128,35 @@ def make_plan() -> BuildPlan:
 
 
 def _cuda_arch_flags() -> list[str]:
-    """The visible GPU's architecture, with sm_90 as sm_90a (wgmma); torch handles a user's TORCH_CUDA_ARCH_LIST."""
-    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        return []
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
-    return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+    """nvcc -gencode flags for TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX") or, unset or "native", the visible GPU.
+
+    9.0 builds as 9.0a: the verify_attn wgmma path needs the arch-specific target, and sm_90a code runs on
+    every compute capability 9.0 GPU. -DDDTREE_SM90A tells the sources that sm_90a code is in the build.
+    Passing our own -gencode flags keeps torch from adding its own.
+    """
+    listed = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if listed and listed != "native":
+        archs = [arch for arch in re.split(r"[;,\s]+", listed) if arch]
+    else:
+        major, minor = torch.cuda.get_device_capability()
+        archs = [f"{major}.{minor}"]
+    flags = []
+    for arch in archs:
+        match = re.fullmatch(r"(\d+)\.(\d+)(a?)(\+PTX)?", arch)
+        if match is None:
+            raise ExtensionBuildError(
+                f"TORCH_CUDA_ARCH_LIST entry {arch!r} is not a compute capability such as 9.0, 9.0a or 8.6+PTX: "
+                "list numeric architectures (TORCH_CUDA_ARCH_LIST=9.0 for an H100/H200) or unset it to build "
+                "for the visible GPU"
+            )
+        major, minor, arch_specific, ptx = match.groups()
+        num = f"{major}{minor}" + ("a" if arch_specific or (major, minor) == ("9", "0") else "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    if "-gencode=arch=compute_90a,code=sm_90a" in flags:
+        flags.append("-DDDTREE_SM90A")
+    return flags
 
 
 def _digest(files: list[Path], flags: list[str]) -> str:

@@ -195,13 +195,42 @@ def test_missing_nvcc_is_a_clear_error(monkeypatch):
         kernels._check_toolchain(with_cuda=True)
 
 
-@pytest.mark.parametrize("capability, flag", [((9, 0), "compute_90a,code=sm_90a"), ((8, 6), "compute_86,code=sm_86")])
-def test_cuda_arch_follows_the_gpu_unless_the_user_sets_it(monkeypatch, capability, flag):
+@pytest.mark.parametrize(
+    "capability, flags",
+    [((9, 0), ["compute_90a,code=sm_90a", "-DDDTREE_SM90A"]), ((8, 6), ["compute_86,code=sm_86"])],
+)
+def test_cuda_arch_follows_the_gpu_when_the_list_is_unset(monkeypatch, capability, flags):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: capability)
-    assert kernels._cuda_arch_flags() == [f"-gencode=arch={flag}"]
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
-    assert kernels._cuda_arch_flags() == []  # torch turns the user's list into flags
+    expected = [flag if flag.startswith("-D") else f"-gencode=arch={flag}" for flag in flags]
+    assert kernels._cuda_arch_flags() == expected
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "native")
+    assert kernels._cuda_arch_flags() == expected
+
+
+@pytest.mark.parametrize(
+    "listed, expected",
+    [
+        ("9.0", ["-gencode=arch=compute_90a,code=sm_90a", "-DDDTREE_SM90A"]),  # wgmma needs the 'a' target
+        ("9.0a", ["-gencode=arch=compute_90a,code=sm_90a", "-DDDTREE_SM90A"]),
+        ("8.0;8.6+PTX", ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_86,code=sm_86",
+                         "-gencode=arch=compute_86,code=compute_86"]),
+        ("8.0 9.0", ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
+                     "-DDDTREE_SM90A"]),
+    ],
+)
+def test_cuda_arch_list_is_turned_into_our_flags(monkeypatch, listed, expected):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", listed)
+    flags = kernels._cuda_arch_flags()
+    assert flags == expected
+    # torch adds no arch flags of its own once ours are there
+    assert torch.utils.cpp_extension._get_cuda_arch_flags(flags) == []
+
+
+def test_named_arch_list_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "Hopper")
+    with pytest.raises(ExtensionBuildError, match="'Hopper' is not a compute capability.*TORCH_CUDA_ARCH_LIST=9.0"):
+        kernels._cuda_arch_flags()
 
 
 def test_build_dir_names_torch_device_and_sources(monkeypatch, tmp_path):

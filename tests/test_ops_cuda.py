@@ -183,6 +183,48 @@ def test_verify_attn_matches_float64(ops, case, dtype):
             assert _rel_err(got.lse.cpu(), lse) < tol, f"lse vs {name}, seed {seed}"
 
 
+def _kernel_runs_here(kernel: str) -> bool:
+    capability = torch.cuda.get_device_capability()
+    return {"wgmma": capability == (9, 0), "mma": capability >= (8, 0), "cuda-core": True}[kernel]
+
+
+KIMI_CASES = [case for case, (_, _, lat, rope, *_) in ATTN_CASES.items() if (lat, rope) == (512, 64)]
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "mma", "cuda-core"])
+@pytest.mark.parametrize("case", KIMI_CASES)
+def test_each_verify_attn_kernel_matches_float64(ops, monkeypatch, case, kernel):
+    """Every kernel that handles bfloat16 at R = 512, P = 64 (the auto choice is one of them)."""
+    if not _kernel_runs_here(kernel):
+        pytest.skip(f"the {kernel} kernel needs another GPU (this one is {torch.cuda.get_device_name()})")
+    monkeypatch.setenv("DDTREE_VERIFY_ATTN_KERNEL", kernel)
+    seed = _seed()
+    q_lat, q_pe, ckv, kpe, prefix, mask, scale = _attn_inputs(case, torch.bfloat16, seed)
+    args = (q_lat.to(CUDA), q_pe.to(CUDA), ckv.to(CUDA), kpe.to(CUDA), torch.tensor(prefix, device=CUDA))
+    _poison_allocator()
+    got = ops.verify_attn(*args, mask.to(CUDA), scale)
+    want_o, want_lse = _attention_f64(*args[:4], prefix, mask.to(CUDA), scale)
+    assert _rel_err(got.o_lat, want_o) < 1e-2, f"o_lat, {kernel}, seed {seed}"
+    assert _rel_err(got.lse, want_lse) < 1e-2, f"lse, {kernel}, seed {seed}"
+
+
+def test_verify_attn_kernel_choice_errors(ops, monkeypatch):
+    q_lat, q_pe = torch.randn(2, 4, 512, device=CUDA), torch.randn(2, 4, 64, device=CUDA)
+    ckv, kpe = torch.randn(8, 512, device=CUDA), torch.randn(8, 64, device=CUDA)
+    args = (q_lat, q_pe, ckv, kpe, torch.tensor(2, device=CUDA), torch.ones(2, 2, dtype=torch.bool, device=CUDA), 0.1)
+    monkeypatch.setenv("DDTREE_VERIFY_ATTN_KERNEL", "flash")
+    with pytest.raises(RuntimeError, match="DDTREE_VERIFY_ATTN_KERNEL=flash is not a kernel: use auto, wgmma, mma"):
+        ops.verify_attn(*args)
+    monkeypatch.setenv("DDTREE_VERIFY_ATTN_KERNEL", "mma")  # float32: only the CUDA-core kernel
+    with pytest.raises(RuntimeError, match=r"DDTREE_VERIFY_ATTN_KERNEL=mma cannot run these inputs \(Float, R = 512"):
+        ops.verify_attn(*args)
+    monkeypatch.setenv("DDTREE_VERIFY_ATTN_KERNEL", "cuda-core")
+    want = ops.verify_attn(*args)
+    monkeypatch.delenv("DDTREE_VERIFY_ATTN_KERNEL")
+    got = ops.verify_attn(*args)
+    assert _rel_err(got.o_lat, want.o_lat.double()) < 1e-5
+
+
 def test_verify_attn_node_that_sees_nothing(ops):
     q_lat, q_pe = torch.randn(2, 3, 32, device=CUDA), torch.randn(2, 3, 8, device=CUDA)
     ckv, kpe = torch.randn(5, 32, device=CUDA), torch.randn(5, 8, device=CUDA)

@@ -13,7 +13,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <tuple>
 
 #include "../checks.h"
@@ -88,6 +90,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return {tokens, parents, depths, ranks, scores, visibility};
 }
 
+// DDTREE_VERIFY_ATTN_KERNEL: which verify_attn kernel to run (auto when unset); for comparing the kernels.
+struct KernelName {
+  const char* name;
+  VerifyAttnKernel kernel;
+};
+constexpr KernelName kVerifyAttnKernels[] = {{"auto", VerifyAttnKernel::kAuto},
+                                             {"wgmma", VerifyAttnKernel::kWgmma},
+                                             {"mma", VerifyAttnKernel::kMmaSync},
+                                             {"cuda-core", VerifyAttnKernel::kCudaCore}};
+
+KernelName wanted_verify_attn_kernel() {
+  const char* env = std::getenv("DDTREE_VERIFY_ATTN_KERNEL");
+  const std::string value = env == nullptr ? "" : env;
+  for (const KernelName& k : kVerifyAttnKernels) {
+    if (value == k.name || (value.empty() && k.kernel == VerifyAttnKernel::kAuto)) return k;
+  }
+  TORCH_CHECK(false, "verify_attn (CUDA): DDTREE_VERIFY_ATTN_KERNEL=", value,
+              " is not a kernel: use auto, wgmma, mma or cuda-core (or unset it)");
+}
+
 template <typename T>
 cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
                                const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& block_mask,
@@ -105,14 +127,20 @@ cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, 
   args.rope_dim = static_cast<int>(q_pe.size(2));
   args.cache_rows = static_cast<int>(ckv.size(0));
   args.scale = static_cast<float>(scale);
+  args.o_lat = static_cast<T*>(o_lat.mutable_data_ptr());
+  args.lse = lse.mutable_data_ptr<float>();
+  const KernelName wanted = wanted_verify_attn_kernel();
+  args.kernel = VerifyAttnResolveKernel(args, wanted.kernel);
+  TORCH_CHECK(args.kernel != VerifyAttnKernel::kAuto, "verify_attn (CUDA): DDTREE_VERIFY_ATTN_KERNEL=", wanted.name,
+              " cannot run these inputs (", q_lat.scalar_type(), ", R = ", args.lat_dim, ", P = ", args.rope_dim,
+              "): wgmma needs an sm_90a build on a compute capability 9.0 GPU and mma one of 8.0 or newer, both "
+              "bfloat16 with R = 512, P = 64 and 16-byte aligned inputs; unset it or pick cuda-core");
   int num_sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q_lat.get_device()));
-  args.num_splits = VerifyAttnNumSplits(args.num_nodes, args.num_heads, args.cache_rows, num_sms);
+  args.num_splits = VerifyAttnNumSplits(args.kernel, args.num_nodes, args.num_heads, args.cache_rows, num_sms);
   const at::Tensor ws =
       workspace(q_lat, VerifyAttnWorkspaceBytes(args.num_nodes, args.num_heads, args.lat_dim, args.num_splits));
   args.workspace = args.num_splits > 1 ? static_cast<float*>(ws.mutable_data_ptr()) : nullptr;
-  args.o_lat = static_cast<T*>(o_lat.mutable_data_ptr());
-  args.lse = lse.mutable_data_ptr<float>();
   return VerifyAttn<T>(args, c10::cuda::getCurrentCUDAStream());
 }
 

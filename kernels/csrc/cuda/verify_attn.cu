@@ -7,6 +7,7 @@
 #include "verify_attn.cuh"
 #include "verify_attn_split.cuh"
 #include "verify_attn_tc.cuh"
+#include "verify_attn_wgmma.cuh"
 
 namespace ddtree::cuda {
 namespace {
@@ -120,20 +121,11 @@ __global__ void __launch_bounds__(kThreads) verify_attn_partial_kernel(VerifyAtt
   }
   const bool warp_ok = head_ok[0];
   const auto nh_index = [&](int hh) { return static_cast<size_t>(node) * a.num_heads + head[hh]; };
-  // With several splits: workspace = [splits, N, H, R] unnormalised outputs, then [splits, N, H, 2] (max, sum).
-  const size_t num_nh = static_cast<size_t>(a.num_nodes) * a.num_heads;
-  const auto part_o = [&](int hh) { return a.workspace + (blockIdx.x * num_nh + nh_index(hh)) * a.lat_dim; };
-  const auto part_ml = [&](int hh) {
-    return a.workspace + a.num_splits * num_nh * a.lat_dim + 2 * (blockIdx.x * num_nh + nh_index(hh));
-  };
 
   if (rows.begin >= rows.end) {  // a split past the visible rows (only with several splits)
 #pragma unroll
     for (int hh = 0; hh < kHeadsPerWarp; ++hh) {
-      if (head_ok[hh] && lane == 0) {
-        part_ml(hh)[0] = neg_inf();
-        part_ml(hh)[1] = 0.0f;
-      }
+      if (head_ok[hh] && lane == 0) store_ml(a, blockIdx.x, nh_index(hh), neg_inf(), 0.0f);
     }
     return;
   }
@@ -263,27 +255,18 @@ __global__ void __launch_bounds__(kThreads) verify_attn_partial_kernel(VerifyAtt
 #pragma unroll
   for (int hh = 0; hh < kHeadsPerWarp; ++hh) {
     if (!head_ok[hh]) continue;
-    if (a.num_splits == 1) {
-      const float inv = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
-      T* out = a.o_lat + nh_index(hh) * a.lat_dim;
+    const float inv = a.num_splits == 1 && l[hh] > 0.0f ? 1.0f / l[hh] : 1.0f;  // several splits: unnormalised
 #pragma unroll
-      for (int j = 0; j < kMaxLatChunks; ++j) {
-        const int c = j * kWarpSize + lane;
-        if (c < a.lat_dim) out[c] = from_float<T>(acc[hh][j] * inv);
-      }
-      if (lane == 0) a.lse[nh_index(hh)] = l[hh] > 0.0f ? (m[hh] + log2f(l[hh])) * kLn2 : neg_inf();
-    } else {
-      float* out = part_o(hh);
-#pragma unroll
-      for (int j = 0; j < kMaxLatChunks; ++j) {
-        const int c = j * kWarpSize + lane;
-        if (c < a.lat_dim) out[c] = acc[hh][j];
-      }
-      if (lane == 0) {
-        part_ml(hh)[0] = m[hh];
-        part_ml(hh)[1] = l[hh];
+    for (int j = 0; j < kMaxLatChunks; ++j) {
+      const int c = j * kWarpSize + lane;
+      if (c >= a.lat_dim) continue;
+      if (a.num_splits == 1) {
+        a.o_lat[nh_index(hh) * a.lat_dim + c] = from_float<T>(acc[hh][j] * inv);
+      } else {
+        partial_o(a, blockIdx.x, nh_index(hh))[c] = acc[hh][j];
       }
     }
+    if (lane == 0) store_ml(a, blockIdx.x, nh_index(hh), m[hh], l[hh]);
   }
 }
 
@@ -400,14 +383,37 @@ cudaError_t launch_partial(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
 
 }  // namespace
 
-int VerifyAttnNumSplits(int num_nodes, int num_heads, int cache_rows, int num_sms) {
-  // CUDA-core kernel: two waves of 8-head blocks. Tensor-core kernel: tc_num_splits. The larger of the
-  // two, so one workspace size serves either path (both are correct for any count up to kMaxSplits).
-  const int blocks = num_nodes * ceil_div(num_heads, kHeadsPerBlock);
-  const int wanted = ceil_div(2 * num_sms, std::max(1, blocks));
-  const int cuda_core = std::min(wanted, ceil_div(cache_rows, kMinSplitRows));
-  const int tensor_core = tc::num_splits(num_nodes, num_heads, cache_rows, num_sms);
-  return std::clamp(std::max(cuda_core, tensor_core), 1, kMaxSplits);
+int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, int cache_rows, int num_sms) {
+  switch (kernel) {
+    case VerifyAttnKernel::kWgmma:
+      return std::clamp(tc_sm90::num_splits(num_nodes, num_heads, cache_rows, num_sms), 1, kMaxSplits);
+    case VerifyAttnKernel::kMmaSync:
+      return std::clamp(tc::num_splits(num_nodes, num_heads, cache_rows, num_sms), 1, kMaxSplits);
+    default: {  // two waves of 8-head blocks
+      const int blocks = num_nodes * ceil_div(num_heads, kHeadsPerBlock);
+      const int wanted = ceil_div(2 * num_sms, std::max(1, blocks));
+      return std::clamp(std::min(wanted, ceil_div(cache_rows, kMinSplitRows)), 1, kMaxSplits);
+    }
+  }
+}
+
+template <typename T>
+VerifyAttnKernel VerifyAttnResolveKernel(const VerifyAttnArgs<T>& a, VerifyAttnKernel wanted) {
+  bool wgmma = false, mma_sync = false;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    wgmma = tc_sm90::supported(a);
+    mma_sync = tc::supported(a);
+  }
+  switch (wanted) {
+    case VerifyAttnKernel::kAuto:
+      return wgmma ? VerifyAttnKernel::kWgmma : mma_sync ? VerifyAttnKernel::kMmaSync : VerifyAttnKernel::kCudaCore;
+    case VerifyAttnKernel::kWgmma:
+      return wgmma ? wanted : VerifyAttnKernel::kAuto;
+    case VerifyAttnKernel::kMmaSync:
+      return mma_sync ? wanted : VerifyAttnKernel::kAuto;
+    default:
+      return wanted;
+  }
 }
 
 size_t VerifyAttnWorkspaceBytes(int num_nodes, int num_heads, int lat_dim, int num_splits) {
@@ -423,15 +429,14 @@ cudaError_t VerifyAttn(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (a.num_nodes == 0 || a.num_heads == 0) return cudaSuccess;
+  if (VerifyAttnResolveKernel(a, a.kernel) != a.kernel) return cudaErrorInvalidValue;  // kAuto or unsupported
   constexpr int kVec = 16 / sizeof(T);
   cudaError_t err = cudaSuccess;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (tc::supported(a)) {
-      err = tc::launch(a, stream);
-    } else {
-      err = can_vectorize(a) ? launch_partial<T, kVec>(a, stream) : launch_partial<T, 1>(a, stream);
-    }
-  } else {
+    if (a.kernel == VerifyAttnKernel::kWgmma) err = tc_sm90::launch(a, stream);
+    if (a.kernel == VerifyAttnKernel::kMmaSync) err = tc::launch(a, stream);
+  }
+  if (a.kernel == VerifyAttnKernel::kCudaCore) {
     err = can_vectorize(a) ? launch_partial<T, kVec>(a, stream) : launch_partial<T, 1>(a, stream);
   }
   if (err != cudaSuccess) return err;
@@ -446,6 +451,9 @@ cudaError_t VerifyAttn(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template VerifyAttnKernel VerifyAttnResolveKernel<float>(const VerifyAttnArgs<float>&, VerifyAttnKernel);
+template VerifyAttnKernel VerifyAttnResolveKernel<__nv_bfloat16>(const VerifyAttnArgs<__nv_bfloat16>&,
+                                                                 VerifyAttnKernel);
 template cudaError_t VerifyAttn<float>(const VerifyAttnArgs<float>&, cudaStream_t);
 template cudaError_t VerifyAttn<__nv_bfloat16>(const VerifyAttnArgs<__nv_bfloat16>&, cudaStream_t);
 

@@ -28,6 +28,11 @@ constexpr int kVerifyAttnMaxLatDim = 512;   // R (kv_lora_rank)
 constexpr int kVerifyAttnMaxRopeDim = 64;   // P (qk_rope_head_dim)
 constexpr int kVerifyAttnMaxNodes = 65535;  // N: one grid row per node
 
+// The kernels behind VerifyAttn. kAuto picks the fastest one that handles the arguments: wgmma (sm_90a
+// build on a compute capability 9.0 GPU), else mma.sync (compute capability 8.0+), both bfloat16 with
+// R = 512 and P = 64 and 16-byte aligned inputs; the CUDA-core kernel takes everything.
+enum class VerifyAttnKernel { kAuto, kWgmma, kMmaSync, kCudaCore };
+
 template <typename T>  // float or __nv_bfloat16
 struct VerifyAttnArgs {
   const T* q_lat;             // [N, H, R]
@@ -42,21 +47,29 @@ struct VerifyAttnArgs {
   int rope_dim;               // P
   int cache_rows;             // S
   float scale;
+  VerifyAttnKernel kernel;    // VerifyAttnResolveKernel(...): never kAuto
   int num_splits;             // VerifyAttnNumSplits(...)
-  float* workspace;           // VerifyAttnWorkspaceBytes(...) bytes; unused with one split
+  float* workspace;           // VerifyAttnWorkspaceBytes(...) bytes, 16-byte aligned; unused with one split
   T* o_lat;                   // [N, H, R]
   float* lse;                 // [N, H]
 };
 
-// Splits of the visible rows per (node, head tile): enough blocks for two waves on num_sms
-// multiprocessors, one when the nodes alone fill the GPU.
-int VerifyAttnNumSplits(int num_nodes, int num_heads, int cache_rows, int num_sms);
+// `wanted` when that kernel handles the arguments (kAuto: the fastest that does), else kAuto.
+template <typename T>
+VerifyAttnKernel VerifyAttnResolveKernel(const VerifyAttnArgs<T>& args, VerifyAttnKernel wanted);
+
+// Splits of the visible rows per query tile for `kernel`: the CUDA-core kernel wants two waves of blocks,
+// the tensor-core kernels their modelled best (verify_attn_split.cuh); one when the nodes alone fill the GPU.
+int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, int cache_rows, int num_sms);
 
 size_t VerifyAttnWorkspaceBytes(int num_nodes, int num_heads, int lat_dim, int num_splits);
 
 template <typename T>
 cudaError_t VerifyAttn(const VerifyAttnArgs<T>& args, cudaStream_t stream);
 
+extern template VerifyAttnKernel VerifyAttnResolveKernel<float>(const VerifyAttnArgs<float>&, VerifyAttnKernel);
+extern template VerifyAttnKernel VerifyAttnResolveKernel<__nv_bfloat16>(const VerifyAttnArgs<__nv_bfloat16>&,
+                                                                        VerifyAttnKernel);
 extern template cudaError_t VerifyAttn<float>(const VerifyAttnArgs<float>&, cudaStream_t);
 extern template cudaError_t VerifyAttn<__nv_bfloat16>(const VerifyAttnArgs<__nv_bfloat16>&, cudaStream_t);
 

@@ -2,6 +2,7 @@
 // which rows a split covers, and the constants of the online softmax in log2 units.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
@@ -30,6 +31,62 @@ __device__ SplitRows split_rows(const VerifyAttnArgs<T>& a, int split, int tile_
   const int per_split = round_up(ceil_div(len, a.num_splits), tile_rows);
   const int begin = split * per_split;
   return {prefix, begin, min(len, begin + per_split)};
+}
+
+// Split count for a tensor-core kernel of one block per multiprocessor and 64-row query and cache tiles,
+// all blocks of a launch equally long: the count with the least modelled time, waves x (cache tiles per
+// split + 1 for the query load, pipeline fill and epilogue) x tile_us, plus for several splits the combine
+// kernel (a launch, ~1 us, and reading the fp32 partial outputs, ~0.66 ns per partial row). Counts past
+// one wave only pay when a wave has few tiles; the smallest count wins ties.
+inline int modelled_splits(int num_nodes, int num_heads, int cache_rows, int num_sms, double tile_us) {
+  const int64_t query_tiles = std::max(1, ceil_div(num_nodes * num_heads, 64));
+  const int kv_tiles = std::max(1, ceil_div(cache_rows, 64));
+  const double partial_rows = static_cast<double>(num_nodes) * num_heads;
+  int best = 1;
+  double best_us = 0.0;
+  for (int s = 1; s <= std::min(kv_tiles, kMaxSplits); ++s) {
+    const int64_t waves = (query_tiles * s + num_sms - 1) / std::max(1, num_sms);
+    double us = static_cast<double>(waves) * (ceil_div(kv_tiles, s) + 1) * tile_us;
+    if (s > 1) us += 1.0 + 6.6e-4 * s * partial_rows;
+    if (s == 1 || us < best_us) best = s, best_us = us;
+  }
+  return best;
+}
+
+// With several splits the workspace holds [splits, N*H, R] unnormalised outputs, then [splits, N*H, 2]
+// (row max in log2 units, row sum); `row` is the (node, head) row index.
+template <typename T>
+__device__ __forceinline__ float* partial_o(const VerifyAttnArgs<T>& a, int split, size_t row) {
+  return a.workspace + (static_cast<size_t>(split) * a.num_nodes * a.num_heads + row) * a.lat_dim;
+}
+
+template <typename T>
+__device__ __forceinline__ float* partial_ml(const VerifyAttnArgs<T>& a, int split, size_t row) {
+  const size_t num_rows = static_cast<size_t>(a.num_nodes) * a.num_heads;
+  return a.workspace + a.num_splits * num_rows * a.lat_dim + 2 * (split * num_rows + row);
+}
+
+// A row's softmax statistics: lse with one split (-inf when it saw nothing), (max, sum) with several.
+template <typename T>
+__device__ __forceinline__ void store_ml(const VerifyAttnArgs<T>& a, int split, size_t row, float m, float l) {
+  if (a.num_splits == 1) {
+    a.lse[row] = l > 0.0f ? (m + log2f(l)) * kLn2 : neg_inf();
+  } else {
+    float* ml = partial_ml(a, split, row);
+    ml[0] = m;
+    ml[1] = l;
+  }
+}
+
+// Value columns col, col + 1 of a bfloat16 row: o / l into o_lat with one split, unnormalised o otherwise.
+__device__ __forceinline__ void store_o_pair(const VerifyAttnArgs<__nv_bfloat16>& a, int split, size_t row, int col,
+                                             float o0, float o1, float l) {
+  if (a.num_splits == 1) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    *reinterpret_cast<uint32_t*>(a.o_lat + row * a.lat_dim + col) = pack_bf16(o0 * inv, o1 * inv);
+  } else {
+    *reinterpret_cast<float2*>(partial_o(a, split, row) + col) = make_float2(o0, o1);
+  }
 }
 
 }  // namespace ddtree::cuda

@@ -46,11 +46,6 @@ __device__ __forceinline__ int swz(int row, int chunk, int row_chunks) {
   return (row * row_chunks + (chunk ^ (row & 7))) * 8;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
-         (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
-}
-
 // Rows [row0, row0 + 64) of the [rows, R] and [rows, P] matrices (a query tile or a cache tile) into a
 // swizzled tile; rows at or past `end` become zeros (finite for P V).
 __device__ __forceinline__ void load_tile(bf16* dst, const bf16* lat, const bf16* rope, int row0, int end) {
@@ -83,16 +78,8 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_mma_kernel(VerifyAttn
   const int row0 = blockIdx.x * kRowsQ;
   const int split = blockIdx.y;
   const SplitRows rows = split_rows(a, split, kRowsKv);
-  const size_t num_nh = static_cast<size_t>(num_q);
-  float* part_ml = a.workspace + a.num_splits * num_nh * kLat;  // [splits, N*H, 2] with several splits
-
   if (rows.begin >= rows.end) {  // a split past the visible rows (only with several splits)
-    for (int r = threadIdx.x; r < kRowsQ; r += kThreads) {
-      if (row0 + r < num_q) {
-        part_ml[2 * (split * num_nh + row0 + r)] = neg_inf();
-        part_ml[2 * (split * num_nh + row0 + r) + 1] = 0.0f;
-      }
-    }
+    for (int r = threadIdx.x; r < kRowsQ && row0 + r < num_q; r += kThreads) store_ml(a, split, row0 + r, neg_inf(), 0.0f);
     return;
   }
 
@@ -261,28 +248,12 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_mma_kernel(VerifyAttn
       const int row = 16 * i + g + 8 * h;
       const int qr = row0 + row;
       if (qr >= num_q) continue;
-      const float m = s_mfin[row];
       const float l = s_sum[row] + s_sum[kRowsQ + row];
-      const bool writes_ml = warp == 0 && q4 == 0;
-      if (a.num_splits == 1) {
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        bf16* out = a.o_lat + static_cast<size_t>(qr) * kLat + warp * kValueCols + 2 * q4;
 #pragma unroll
-        for (int j = 0; j < kValueCols / 8; ++j) {
-          *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_bf16(o[i][j][2 * h] * inv, o[i][j][2 * h + 1] * inv);
-        }
-        if (writes_ml) a.lse[qr] = l > 0.0f ? (m + log2f(l)) * kLn2 : neg_inf();
-      } else {
-        float* out = a.workspace + (split * num_nh + qr) * kLat + warp * kValueCols + 2 * q4;
-#pragma unroll
-        for (int j = 0; j < kValueCols / 8; ++j) {
-          *reinterpret_cast<float2*>(out + 8 * j) = make_float2(o[i][j][2 * h], o[i][j][2 * h + 1]);
-        }
-        if (writes_ml) {
-          part_ml[2 * (split * num_nh + qr)] = m;
-          part_ml[2 * (split * num_nh + qr) + 1] = l;
-        }
+      for (int j = 0; j < kValueCols / 8; ++j) {
+        store_o_pair(a, split, qr, warp * kValueCols + 8 * j + 2 * q4, o[i][j][2 * h], o[i][j][2 * h + 1], l);
       }
+      if (warp == 0 && q4 == 0) store_ml(a, split, qr, s_mfin[row], l);
     }
   }
 #endif
@@ -295,7 +266,7 @@ int num_query_tiles(int num_nodes, int num_heads) { return ceil_div(num_nodes * 
 bool supported(const VerifyAttnArgs<bf16>& a) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (a.lat_dim != kLat || a.rope_dim != kRope || !aligned(a.q_lat) || !aligned(a.q_pe) || !aligned(a.ckv) ||
-      !aligned(a.kpe) || !aligned(a.o_lat) || (a.num_splits > 1 && !aligned(a.workspace))) {
+      !aligned(a.kpe) || !aligned(a.o_lat)) {
     return false;
   }
   int device = 0, major = 0;
@@ -311,25 +282,10 @@ cudaError_t launch(const VerifyAttnArgs<bf16>& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// One block per multiprocessor, all blocks of a launch equally long: the split count
-// with the least modelled time, in units of one 64 x 64 tile step of a block. Waves x (tiles per split + 1
-// for the query load, pipeline fill and epilogue), plus for several splits the combine kernel (a launch
-// and reading the fp32 partial outputs, ~0.14 tile steps per 1000 partial rows). Counts past one wave only
-// pay when a wave has few tiles; the smallest count wins ties. Examples, 132 SMs, H = 64: N = 1 -> 64
-// splits at S = 4096, 128 at S >= 16384; N = 8 -> 16; N = 32 -> 4; N = 65 -> 2; N >= 129 -> 1.
+// One 64 x 64 tile step of a block takes ~4.8 us on the H200 (N = 257, S = 32768: 2 waves x 512 steps in
+// 4874 us). 132 SMs, H = 64: N = 1 -> 64 splits at S = 4096; N = 8 -> 16; N = 32 -> 4; N = 65 -> 2; N >= 129 -> 1.
 int num_splits(int num_nodes, int num_heads, int cache_rows, int num_sms) {
-  const int64_t tiles = std::max(1, num_query_tiles(num_nodes, num_heads));
-  const int kv_tiles = std::max(1, ceil_div(cache_rows, kRowsKv));
-  const double partial_rows = static_cast<double>(num_nodes) * num_heads;
-  int best = 1;
-  double best_cost = 0.0;
-  for (int s = 1; s <= std::min(kv_tiles, kMaxSplits); ++s) {
-    const int64_t waves = (tiles * s + num_sms - 1) / std::max(1, num_sms);
-    double cost = static_cast<double>(waves) * (ceil_div(kv_tiles, s) + 1);
-    if (s > 1) cost += 0.2 + 1.37e-4 * s * partial_rows;
-    if (s == 1 || cost < best_cost) best = s, best_cost = cost;
-  }
-  return best;
+  return modelled_splits(num_nodes, num_heads, cache_rows, num_sms, 4.8);
 }
 
 }  // namespace ddtree::cuda::tc
