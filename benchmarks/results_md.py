@@ -29,9 +29,15 @@ def _targets(kernels: dict, decode: dict) -> str:
     def met(ok: bool) -> str:
         return "met" if ok else "not met"
 
+    def met_except(cases: list[dict], ok) -> str:
+        missed = [f"N={r['N']}, S={r['S']}" for r in cases if not ok(r)]
+        if not missed:
+            return "met"
+        return f"met in {len(cases) - len(missed)} of {len(cases)} cases; not met at {'; '.join(missed)}"
+
     rows = [
         ("verify_attn >= 50% of the measured bf16 roofline at N·H >= 512 and S >= 4096",
-         f"{span('ours_roofline', '{:.0%}')} ({met(all(r['ours_roofline'] >= 0.5 for r in big))})"),
+         f"{span('ours_roofline', '{:.0%}')} ({met_except(big, lambda r: r['ours_roofline'] >= 0.5)})"),
         ("verify_attn >= 2x the torch baseline there",
          f"{span('speedup', '{:.2f}x')} ({met(all(r['speedup'] >= 2 for r in big))})"),
         ("verify_attn no slower than the torch baseline anywhere",

@@ -135,9 +135,8 @@ cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, 
               " cannot run these inputs (", q_lat.scalar_type(), ", R = ", args.lat_dim, ", P = ", args.rope_dim,
               "): wgmma needs an sm_90a build on a compute capability 9.0 GPU and mma one of 8.0 or newer, both "
               "bfloat16 with R = 512, P = 64 and 16-byte aligned inputs; unset it or pick cuda-core");
-  int num_sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q_lat.get_device()));
-  args.num_splits = VerifyAttnNumSplits(args.kernel, args.num_nodes, args.num_heads, args.cache_rows, num_sms);
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&args.num_sms, cudaDevAttrMultiProcessorCount, q_lat.get_device()));
+  args.num_splits = VerifyAttnNumSplits(args.kernel, args.num_nodes, args.num_heads, args.cache_rows, args.num_sms);
   const at::Tensor ws =
       workspace(q_lat, VerifyAttnWorkspaceBytes(args.num_nodes, args.num_heads, args.lat_dim, args.num_splits));
   args.workspace = args.num_splits > 1 ? static_cast<float*>(ws.mutable_data_ptr()) : nullptr;

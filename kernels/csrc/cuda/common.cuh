@@ -48,12 +48,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // Order-preserving map float -> uint32: a < b (as floats) iff key(a) < key(b). -0.0 maps like +0.0 (they
 // compare equal as floats) and NaN like -inf, so equal floats get equal keys. key(-inf) = 0x007fffff > 0,
-// which leaves 0 free as an "empty" sentinel below every value.
+// which leaves 0 free as an "empty" sentinel below every value. Three instructions: x + 0 turns -0.0 into
+// +0.0, the max with -inf turns NaN into -inf (fmaxf returns the other operand), then the sign flip.
 __device__ __forceinline__ uint32_t float_key(float x) {
-  uint32_t bits = __float_as_uint(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) bits = 0xff800000u;  // NaN -> -inf
-  if ((bits & 0x7fffffffu) == 0u) bits = 0u;                     // -0.0 -> +0.0
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  const uint32_t bits = __float_as_uint(fmaxf(__fadd_rn(x, 0.0f), -__int_as_float(0x7f800000)));
+  return bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
 }
 
 __device__ __forceinline__ float key_float(uint32_t key) {

@@ -7,64 +7,102 @@
 namespace ddtree::cuda {
 namespace {
 
-constexpr int kChunkThreads = 512;
-constexpr int kMergeThreads = 1024;
+constexpr int kTopKThreads = 256;
 constexpr int kSelectThreads = 512;
-constexpr int kMinChunkLen = 4096;       // vocabulary entries per top-k block, at least
-constexpr int kMaxChunkLen = 32768;      // ... and at most (128 KB of keys in shared memory)
-constexpr int kMaxCandidates = 16384;    // chunks * k that the merge block holds (128 KB)
-// Top-k blocks per launch, at most, when the vocabulary allows: 4 blocks of 512 threads fit an SM, so 512
-// blocks are one wave on the H200's 132 SMs (528 slots). 15 rows x 40 chunks of 4096 would be 600 blocks:
-// a second wave of 72 that costs nearly a whole block time more.
-constexpr int kMaxChunkBlocks = 512;
+constexpr int kChunkLen = 4096;                               // vocabulary entries per top-k block
+constexpr int kPerThread = kChunkLen / kTopKThreads;
+constexpr int kBinShift = 21;                                 // bins: the float keys' top 11 bits
+constexpr int kNumBins = 1 << (32 - kBinShift);
+constexpr int kBinsPerThread = kNumBins / kTopKThreads;
+// Keys in the threshold bin and above that the gather collects per row. A row with more (many equal
+// logprobs, e.g. integers) has each block select its chunk's k best of them first: slower, same result.
+constexpr int kMaxGathered = 16384;
+constexpr int kSmemGathered = 4096;  // candidates the last block selects from in shared memory (else from L2)
+static_assert(kSmemGathered >= kChunkLen, "a tie-heavy row's block holds its chunk's keys in the gather buffer");
 constexpr int kRadixBins = 256;
+constexpr int kSelectUnroll = 8;  // keys in flight per thread in the radix select
 
 // How the vocabulary of each reachable row is cut for the top-k stages.
 struct TopKPlan {
-  int num_rows;    // min(L, B): deeper rows are out of reach of B pops
-  int k;           // min(B, V)
-  int num_chunks;  // per row
-  int chunk_len;
-  int sort_len;    // k rounded up to a power of two
+  int num_rows;      // min(L, B): deeper rows are out of reach of B pops
+  int k;             // min(B, V)
+  int num_chunks;    // per row, kChunkLen entries each (the last one shorter)
+  int sort_len;      // k rounded up to a power of two
+  int max_gathered;  // candidates per row: kMaxGathered, or each chunk's k best in a tie-heavy row
 };
 
 TopKPlan make_plan(int num_depths, int vocab, int budget) {
   TopKPlan plan{};
   plan.num_rows = std::min(num_depths, budget);
   plan.k = std::min(budget, vocab);
-  if (plan.num_rows == 0 || plan.k == 0) return plan;
-  const int max_chunks = std::max(1, kMaxCandidates / plan.k);
-  const int one_wave = std::max(1, kMaxChunkBlocks / plan.num_rows);
-  // At least ceil(V / kMaxChunkLen) chunks (the keys fit shared memory; TreeBuildMaxVocab keeps that within
-  // max_chunks), else as many as one wave holds, chunks of kMinChunkLen at least.
-  const int chunks = std::max(ceil_div(vocab, kMaxChunkLen),
-                              std::min({max_chunks, one_wave, ceil_div(vocab, kMinChunkLen)}));
-  plan.chunk_len = ceil_div(vocab, chunks);
-  plan.num_chunks = ceil_div(vocab, plan.chunk_len);  // every chunk non-empty
+  plan.num_chunks = ceil_div(vocab, kChunkLen);
   plan.sort_len = 1;
   while (plan.sort_len < plan.k) plan.sort_len *= 2;
+  plan.max_gathered = std::max(kMaxGathered, plan.num_chunks * plan.k);
   return plan;
 }
 
 struct Workspace {
-  uint64_t* candidates;  // [rows, chunks, k] keys, unsorted, 0 where a chunk had fewer than k entries
-  float* topk_logprobs;  // [rows, k]
-  int32_t* topk_tokens;  // [rows, k]
+  uint32_t* hist;          // [rows, kNumBins] keys per bin; zeroed with the two counters below
+  uint32_t* num_gathered;  // [rows] candidates written so far
+  uint32_t* num_done;      // [rows] blocks of the row past the gather
+  uint64_t* candidates;    // [rows, max_gathered] keys of the threshold bin and above, unordered
+  float* topk_logprobs;    // [rows, k]
+  int32_t* topk_tokens;    // [rows, k]
 };
 
+size_t zeroed_bytes(const TopKPlan& plan) {
+  return static_cast<size_t>(plan.num_rows) * (kNumBins + 2) * sizeof(uint32_t);  // a multiple of 8
+}
+
 Workspace carve(void* base, const TopKPlan& plan) {
-  const size_t num_candidates = static_cast<size_t>(plan.num_rows) * plan.num_chunks * plan.k;
-  const size_t num_topk = static_cast<size_t>(plan.num_rows) * plan.k;
+  const size_t rows = plan.num_rows;
   Workspace ws{};
-  ws.candidates = static_cast<uint64_t*>(base);
-  ws.topk_logprobs = reinterpret_cast<float*>(ws.candidates + num_candidates);
-  ws.topk_tokens = reinterpret_cast<int32_t*>(ws.topk_logprobs + num_topk);
+  ws.hist = static_cast<uint32_t*>(base);
+  ws.num_gathered = ws.hist + rows * kNumBins;
+  ws.num_done = ws.num_gathered + rows;
+  ws.candidates = reinterpret_cast<uint64_t*>(ws.num_done + rows);
+  ws.topk_logprobs = reinterpret_cast<float*>(ws.candidates + rows * plan.max_gathered);
+  ws.topk_tokens = reinterpret_cast<int32_t*>(ws.topk_logprobs + rows * plan.k);
   return ws;
 }
 
 // Candidate order: logprob descending, then token ascending; the keys of distinct tokens are distinct.
 __device__ __forceinline__ uint64_t candidate_key(uint32_t logprob_key, uint32_t token) {
   return (static_cast<uint64_t>(logprob_key) << 32) | (0xffffffffu - token);
+}
+
+// The float keys of this thread's entries of the block's chunk (0: past the end, below every key).
+__device__ __forceinline__ void load_chunk_keys(const float* __restrict__ row, int vocab,
+                                                uint32_t (&keys)[kPerThread]) {
+  const int begin = blockIdx.x * kChunkLen + threadIdx.x;
+  float values[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = begin + j * kTopKThreads;
+    values[j] = i < vocab ? row[i] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) keys[j] = begin + j * kTopKThreads < vocab ? float_key(values[j]) : 0u;
+}
+
+// Block (chunk, row): counts the chunk's float keys per bin into the row's histogram.
+__global__ void __launch_bounds__(kTopKThreads)
+    topk_hist_kernel(const float* __restrict__ logprobs, int vocab, uint32_t* __restrict__ hist) {
+  __shared__ uint32_t s_hist[kNumBins];
+  for (int b = threadIdx.x; b < kNumBins; b += kTopKThreads) s_hist[b] = 0;
+  uint32_t keys[kPerThread];
+  load_chunk_keys(logprobs + static_cast<size_t>(blockIdx.y) * vocab, vocab, keys);
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (keys[j] != 0u) atomicAdd(&s_hist[keys[j] >> kBinShift], 1u);
+  }
+  __syncthreads();
+  uint32_t* row_hist = hist + static_cast<size_t>(blockIdx.y) * kNumBins;
+  for (int b = threadIdx.x; b < kNumBins; b += kTopKThreads) {
+    if (s_hist[b] != 0u) atomicAdd(&row_hist[b], s_hist[b]);
+  }
 }
 
 struct RadixState {
@@ -119,16 +157,25 @@ __device__ uint64_t select_threshold(const KeyAt& key_at, int n, int k, RadixSta
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int d = threadIdx.x; d < kRadixBins; d += blockDim.x) s.hist[d] = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += blockDim.x) {  // same trip count in every lane: match_any below
-      const int i = base + threadIdx.x;
-      uint32_t digit = kRadixBins;  // "no bucket"
-      if (i < n) {
-        const uint64_t key = key_at(i);
-        if ((key & mask) == prefix) digit = static_cast<uint32_t>(key >> shift) & 0xffu;
+    // kSelectUnroll keys per thread loaded at once (they may come from L2), then counted; the same trip count
+    // in every lane (match_any below).
+    for (int base = 0; base < n; base += blockDim.x * kSelectUnroll) {
+      uint64_t keys[kSelectUnroll];
+#pragma unroll
+      for (int u = 0; u < kSelectUnroll; ++u) {
+        const int i = base + u * blockDim.x + threadIdx.x;
+        keys[u] = i < n ? key_at(i) : 0;
       }
-      if (__any_sync(kFullMask, digit < kRadixBins)) {  // later passes: most warps hold no key of the prefix
-        const unsigned peers = __match_any_sync(kFullMask, digit);
-        if (digit < kRadixBins && lane == __ffs(peers) - 1) atomicAdd(&s.hist[digit], __popc(peers));
+#pragma unroll
+      for (int u = 0; u < kSelectUnroll; ++u) {
+        uint32_t digit = kRadixBins;  // "no bucket"
+        if (base + u * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x) < n && (keys[u] & mask) == prefix) {
+          digit = static_cast<uint32_t>(keys[u] >> shift) & 0xffu;
+        }
+        if (__any_sync(kFullMask, digit < kRadixBins)) {  // later passes: most warps hold no key of the prefix
+          const unsigned peers = __match_any_sync(kFullMask, digit);
+          if (digit < kRadixBins && lane == __ffs(peers) - 1) atomicAdd(&s.hist[digit], __popc(peers));
+        }
       }
     }
     __syncthreads();
@@ -144,52 +191,68 @@ __device__ uint64_t select_threshold(const KeyAt& key_at, int n, int k, RadixSta
   return prefix;
 }
 
-// Block (chunk, row): the k best keys of vocab[chunk * chunk_len ...) of one row, in any order.
-__global__ void __launch_bounds__(kChunkThreads)
-    topk_chunk_kernel(const float* __restrict__ logprobs, int vocab, TopKPlan plan, uint64_t* __restrict__ out_all) {
-  extern __shared__ uint32_t s_keys[];  // [chunk_len] float keys
-  __shared__ RadixState s;
-  const int row = blockIdx.y;
-  const int begin = blockIdx.x * plan.chunk_len;
-  const int n = min(plan.chunk_len, vocab - begin);
-  const float* src = logprobs + static_cast<size_t>(row) * vocab + begin;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s_keys[i] = float_key(src[i]);
-  if (threadIdx.x == 0) s.counter = 0;
-  __syncthreads();
+struct GatherState {
+  RadixState radix;
+  uint32_t warp_above[kTopKThreads / kWarpSize];  // keys in the bins of the warps above
+  uint32_t threshold_bin;  // the bin holding the row's k-th largest key
+  uint32_t num_ge;         // keys in that bin and above
+  uint32_t num_kept;       // keys of the chunk in shared memory (tie-heavy rows)
+  uint32_t num_written;    // ... of which written to the row's candidates
+  uint32_t base;           // where the block's keys go in the row's candidates
+  bool last;               // this block is the row's last past the gather
+  uint64_t gathered[kSmemGathered];
+  uint64_t sorted[kTreeBuildMaxBudget];
+};
 
-  const auto key_at = [&](int i) { return candidate_key(s_keys[i], static_cast<uint32_t>(begin + i)); };
-  const int num_kept = min(plan.k, n);
-  const uint64_t threshold = num_kept < n ? select_threshold(key_at, n, num_kept, s) : 0;  // keys are > 0
-  uint64_t* out = out_all + (static_cast<size_t>(row) * plan.num_chunks + blockIdx.x) * plan.k;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const uint64_t key = key_at(i);
-    if (key >= threshold) out[atomicAdd(&s.counter, 1u)] = key;
+// All threads: the bin holding the k-th largest key of the row, and how many keys lie in it and above.
+__device__ void find_threshold_bin(const uint32_t* __restrict__ row_hist, int k, GatherState& s) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  uint32_t h[kBinsPerThread];
+  uint32_t sum = 0;
+#pragma unroll
+  for (int b = 0; b < kBinsPerThread; ++b) {
+    h[b] = __ldcg(&row_hist[threadIdx.x * kBinsPerThread + b]);
+    sum += h[b];
   }
-  for (int i = num_kept + threadIdx.x; i < plan.k; i += blockDim.x) out[i] = 0;
+  uint32_t inclusive = sum;  // keys in this thread's bins and those of the lanes above it
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const uint32_t v = __shfl_down_sync(kFullMask, inclusive, offset);
+    if (lane + offset < kWarpSize) inclusive += v;
+  }
+  if (lane == 0) s.warp_above[warp] = inclusive;  // the warp's total, for now
+  __syncthreads();
+  uint32_t warps_above = 0;
+  for (int w = warp + 1; w < kTopKThreads / kWarpSize; ++w) warps_above += s.warp_above[w];
+  inclusive += warps_above;
+  const uint32_t remaining = k;
+  uint32_t cum = inclusive - sum;
+  if (cum < remaining && remaining <= inclusive) {
+#pragma unroll
+    for (int b = kBinsPerThread - 1; b >= 0; --b) {
+      if (cum < remaining && cum + h[b] >= remaining) {
+        s.threshold_bin = threadIdx.x * kBinsPerThread + b;
+        s.num_ge = cum + h[b];
+      }
+      cum += h[b];
+    }
+  }
+  __syncthreads();
 }
 
-// Block row: the k best of the row's chunk candidates, sorted, as (logprob, token) pairs.
-__global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(const uint64_t* __restrict__ candidates,
-                                                                   TopKPlan plan, float* __restrict__ topk_logprobs,
-                                                                   int32_t* __restrict__ topk_tokens) {
-  extern __shared__ uint64_t s_cand[];  // [num_chunks * k], then [sort_len]
-  __shared__ RadixState s;
-  const int num_cand = plan.num_chunks * plan.k;
-  uint64_t* s_sorted = s_cand + num_cand;
-  const uint64_t* src = candidates + static_cast<size_t>(blockIdx.x) * num_cand;
-  for (int i = threadIdx.x; i < num_cand; i += blockDim.x) s_cand[i] = src[i];
-  for (int i = plan.k + threadIdx.x; i < plan.sort_len; i += blockDim.x) s_sorted[i] = 0;
-  if (threadIdx.x == 0) s.counter = 0;
+// The k best of n distinct keys, sorted descending, as (logprob, token) pairs.
+template <typename KeyAt>
+__device__ void select_and_sort(const KeyAt& key_at, int n, const TopKPlan& plan, GatherState& s,
+                                float* __restrict__ topk_logprobs, int32_t* __restrict__ topk_tokens) {
+  if (threadIdx.x == 0) s.radix.counter = 0;
   __syncthreads();
-
-  // With one chunk the candidates are exactly the k best; otherwise the k-th best is a real key (> 0),
-  // so the padding zeros fall below the threshold.
-  const auto key_at = [&](int i) { return s_cand[i]; };
-  const uint64_t threshold = plan.k < num_cand ? select_threshold(key_at, num_cand, plan.k, s) : 0;
-  for (int i = threadIdx.x; i < num_cand; i += blockDim.x) {
-    const uint64_t key = s_cand[i];
-    if (key >= threshold) s_sorted[atomicAdd(&s.counter, 1u)] = key;
+  const uint64_t threshold = plan.k < n ? select_threshold(key_at, n, plan.k, s.radix) : 0;  // keys are > 0
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const uint64_t key = key_at(i);
+    if (key >= threshold) s.sorted[atomicAdd(&s.radix.counter, 1u)] = key;
   }
+  for (int i = plan.k + threadIdx.x; i < plan.sort_len; i += blockDim.x) s.sorted[i] = 0;
   __syncthreads();
 
   // Bitonic sort, descending.
@@ -199,22 +262,93 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(const uint64_
         const int lo = 2 * stride * (i / stride) + i % stride;
         const int hi = lo + stride;
         const bool descending = (lo & size) == 0;
-        const uint64_t a = s_sorted[lo];
-        const uint64_t b = s_sorted[hi];
+        const uint64_t a = s.sorted[lo];
+        const uint64_t b = s.sorted[hi];
         if ((a < b) == descending) {
-          s_sorted[lo] = b;
-          s_sorted[hi] = a;
+          s.sorted[lo] = b;
+          s.sorted[hi] = a;
         }
       }
       __syncthreads();
     }
   }
-
-  const size_t out = static_cast<size_t>(blockIdx.x) * plan.k;
   for (int r = threadIdx.x; r < plan.k; r += blockDim.x) {
-    const uint64_t key = s_sorted[r];
-    topk_logprobs[out + r] = key_float(static_cast<uint32_t>(key >> 32));
-    topk_tokens[out + r] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
+    const uint64_t key = s.sorted[r];
+    topk_logprobs[r] = key_float(static_cast<uint32_t>(key >> 32));
+    topk_tokens[r] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key));
+  }
+}
+
+// Block (chunk, row): collects the chunk's keys in the row's threshold bin and above; the row's last block
+// then selects and sorts the row's k best among the collected keys. A row with more keys there than
+// kMaxGathered (many equal logprobs) collects only each chunk's k best of them, selected by the block.
+__global__ void __launch_bounds__(kTopKThreads)
+    topk_gather_kernel(const float* __restrict__ logprobs, int vocab, TopKPlan plan, Workspace ws) {
+  __shared__ GatherState s;
+  const int row = blockIdx.y;
+  const int lane = threadIdx.x % kWarpSize;
+  const int begin = blockIdx.x * kChunkLen + threadIdx.x;
+  uint32_t keys[kPerThread];
+  load_chunk_keys(logprobs + static_cast<size_t>(row) * vocab, vocab, keys);  // from L2: the hist pass read them
+  find_threshold_bin(ws.hist + static_cast<size_t>(row) * kNumBins, plan.k, s);
+  const uint32_t threshold_bin = s.threshold_bin;
+  const bool gather_all = s.num_ge <= static_cast<uint32_t>(kMaxGathered);  // the same in every block of the row
+  uint64_t* candidates = ws.candidates + static_cast<size_t>(row) * plan.max_gathered;
+  if (gather_all) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const bool keep = keys[j] != 0u && (keys[j] >> kBinShift) >= threshold_bin;
+      const unsigned voters = __ballot_sync(kFullMask, keep);
+      if (voters != 0u) {  // rare: at most num_ge keys of the row pass
+        uint32_t base = 0;
+        if (lane == __ffs(voters) - 1) base = atomicAdd(&ws.num_gathered[row], __popc(voters));
+        base = __shfl_sync(kFullMask, base, __ffs(voters) - 1);
+        const uint32_t slot = base + __popc(voters & ((1u << lane) - 1u));
+        if (keep) candidates[slot] = candidate_key(keys[j], begin + j * kTopKThreads);
+      }
+    }
+  } else {
+    if (threadIdx.x == 0) {
+      s.num_kept = 0;
+      s.num_written = 0;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      if (keys[j] != 0u && (keys[j] >> kBinShift) >= threshold_bin) {
+        s.gathered[atomicAdd(&s.num_kept, 1u)] = candidate_key(keys[j], begin + j * kTopKThreads);
+      }
+    }
+    __syncthreads();
+    const int num_kept = static_cast<int>(s.num_kept);
+    const auto key_at = [&](int i) { return s.gathered[i]; };
+    const uint64_t threshold = plan.k < num_kept ? select_threshold(key_at, num_kept, plan.k, s.radix) : 0;
+    if (threadIdx.x == 0) {
+      s.base = atomicAdd(&ws.num_gathered[row], static_cast<uint32_t>(min(plan.k, num_kept)));
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < num_kept; i += blockDim.x) {
+      if (s.gathered[i] >= threshold) candidates[s.base + atomicAdd(&s.num_written, 1u)] = s.gathered[i];
+    }
+  }
+  // The last block of the row to get here sees every block's candidates (fence, then count: the
+  // threadFenceReduction pattern).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s.last = atomicAdd(&ws.num_done[row], 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!s.last) return;
+  __threadfence();
+  float* topk_logprobs = ws.topk_logprobs + static_cast<size_t>(row) * plan.k;
+  int32_t* topk_tokens = ws.topk_tokens + static_cast<size_t>(row) * plan.k;
+  const int n = static_cast<int>(__ldcg(&ws.num_gathered[row]));
+  if (n <= kSmemGathered) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s.gathered[i] = __ldcg(&candidates[i]);
+    const auto key_at = [&](int i) { return s.gathered[i]; };
+    select_and_sort(key_at, n, plan, s, topk_logprobs, topk_tokens);
+  } else {
+    const auto key_at = [&](int i) { return __ldcg(&candidates[i]); };
+    select_and_sort(key_at, n, plan, s, topk_logprobs, topk_tokens);
   }
 }
 
@@ -235,12 +369,9 @@ struct SelectArgs {
 };
 
 struct SelectSmem {
-  uint64_t* entry;  // [slots] frontier: entry[g] = next unpopped child of node g (0: none), g < budget
-  float* score;     // [B+1]
-  int* parent;      // [B+1]
-  int* depth;       // [B+1]
-  int* rank;        // [B+1]
-  float* logprobs;  // [rows, k]
+  uint64_t* entry;   // [slots] frontier: entry[g] = next unpopped child of node g (0: none), g < budget
+  uint64_t* popped;  // [B+1] the heap entry each node was popped as (node 0: score 0)
+  float* logprobs;   // [rows, k]
 };
 
 // Frontier slots: one per node that can still have a child popped after it (nodes 0 .. B-1), in groups of
@@ -248,9 +379,15 @@ struct SelectSmem {
 __host__ __device__ constexpr int select_slots(int budget) { return round_up(budget > 0 ? budget : 1, kWarpSize); }
 
 size_t select_smem_bytes(int budget, const TopKPlan& plan) {
-  return static_cast<size_t>(select_slots(budget)) * sizeof(uint64_t) +
-         static_cast<size_t>(budget + 1) * (sizeof(float) + 3 * sizeof(int)) +
+  return static_cast<size_t>(select_slots(budget) + budget + 1) * sizeof(uint64_t) +
          static_cast<size_t>(plan.num_rows) * plan.k * sizeof(float);
+}
+
+__device__ __forceinline__ float entry_score(uint64_t entry) { return key_float(static_cast<uint32_t>(entry >> 32)); }
+
+// `value` if `keep`, else 0, without a branch.
+__device__ __forceinline__ uint64_t keep_if(bool keep, uint64_t value) {
+  return value & (0ull - static_cast<uint64_t>(keep));
 }
 
 // Warp-wide max of two 64-bit keys at once: the two halves' reductions overlap.
@@ -268,19 +405,18 @@ __device__ __forceinline__ void warp_max_u64_pair(uint64_t& a, uint64_t& b) {
 // A pop changes one group (the popped entry's slot gets the popped node's next sibling) and adds the new
 // node's first child to its group, so the next best is one warp-wide max over (the other groups' bests,
 // the changed group's 32 entries), computed together with the changed group's new best: two rounds of
-// two independent REDUX per pop, one shared-memory load round, all lanes on the same path (no branches).
+// two independent REDUX per pop, one shared-memory load round, all lanes on the same path. One warp of
+// mostly dependent instructions: the loop is issue-bound, so every instruction counts.
 __device__ int run_best_first(const SelectSmem& s, int budget, const TopKPlan& plan) {
   const int lane = threadIdx.x;
   const int k = plan.k;
   const int last_row = plan.num_rows - 1;
+  const float* lp = s.logprobs;
   uint64_t group_best = 0;
   if (lane == 0) {
-    s.score[0] = 0.0f;
-    s.parent[0] = -1;
-    s.depth[0] = 0;
-    s.rank[0] = 0;
+    s.popped[0] = static_cast<uint64_t>(float_key(0.0f)) << 32;
     if (budget > 0 && k > 0) {
-      group_best = heap_entry(0.0f + s.logprobs[0], 1, 0, 0);
+      group_best = heap_entry(0.0f + lp[0], 1, 0, 0);
       s.entry[0] = group_best;
     }
   }
@@ -290,35 +426,28 @@ __device__ int run_best_first(const SelectSmem& s, int budget, const TopKPlan& p
   warp_max_u64_pair(best, unused);
   int num_popped = 0;
   while (num_popped < budget && best != 0) {
-    const uint32_t top_key = static_cast<uint32_t>(best >> 32);
     const uint32_t tie = ~static_cast<uint32_t>(best);
     const int depth = static_cast<int>(tie >> 21);
     const int rank = static_cast<int>((tie >> 11) & 1023u);
     const int parent = static_cast<int>(tie & 2047u);
-    const float score = key_float(top_key);
+    const float score = entry_score(best);
     const int node = ++num_popped;
     const int group = parent / kWarpSize;
     const int slot = group * kWarpSize + lane;
 
     const uint64_t held = s.entry[slot];
-    const float parent_score = s.score[parent];
-    const float sibling_lp = s.logprobs[(depth - 1) * k + min(rank + 1, k - 1)];
-    const float child_lp = s.logprobs[min(depth, last_row) * k];
+    const float parent_score = entry_score(s.popped[parent]);
+    const float sibling_lp = lp[(depth - 1) * k + min(rank + 1, k - 1)];
+    const float child_lp = lp[min(depth, last_row) * k];
     // The popped node's next sibling takes its slot; its first child goes to slot `node` (nodes >= budget
     // are never parents of a pop: the loop ends first). Both keys are computed, then kept or dropped, so
-    // the four loads above issue together.
-    const uint64_t sibling_key = heap_entry(parent_score + sibling_lp, depth, rank + 1, parent);
-    const uint64_t child_key = heap_entry(score + child_lp, depth + 1, 0, node);
-    const uint64_t sibling = rank + 1 < k ? sibling_key : 0;
-    const uint64_t child = depth <= last_row && node < budget ? child_key : 0;
-    if (lane == 0) {
-      s.parent[node] = parent;
-      s.depth[node] = depth;
-      s.rank[node] = rank;
-      s.score[node] = score;
-    }
+    // the loads above issue together.
+    const uint64_t sibling = keep_if(rank + 1 < k, heap_entry(parent_score + sibling_lp, depth, rank + 1, parent));
+    const uint64_t child =
+        keep_if(depth <= last_row && node < budget, heap_entry(score + child_lp, depth + 1, 0, node));
+    if (lane == 0) s.popped[node] = best;
     // Each slot is stored by the lane that loaded it above (no cross-lane hazard within the pop).
-    if (lane == parent % kWarpSize) s.entry[parent] = sibling;
+    if (slot == parent) s.entry[parent] = sibling;
     if (lane == node % kWarpSize && node < budget) s.entry[node] = child;
     const uint64_t changed = slot == parent ? sibling : (slot == node ? child : held);  // [32] the changed group
     if (lane == node / kWarpSize && lane != group) group_best = max(group_best, child);
@@ -341,11 +470,8 @@ __global__ void __launch_bounds__(kSelectThreads) tree_select_kernel(SelectArgs 
   SelectSmem s;
   const int num_slots = select_slots(args.budget);
   s.entry = smem;
-  s.score = reinterpret_cast<float*>(s.entry + num_slots);
-  s.parent = reinterpret_cast<int*>(s.score + num_nodes);
-  s.depth = s.parent + num_nodes;
-  s.rank = s.depth + num_nodes;
-  s.logprobs = reinterpret_cast<float*>(s.rank + num_nodes);
+  s.popped = s.entry + num_slots;
+  s.logprobs = reinterpret_cast<float*>(s.popped + num_nodes);
   for (int i = threadIdx.x; i < plan.num_rows * plan.k; i += blockDim.x) s.logprobs[i] = args.topk_logprobs[i];
   for (int i = threadIdx.x; i < num_slots; i += blockDim.x) s.entry[i] = 0;
   __syncthreads();
@@ -362,17 +488,21 @@ __global__ void __launch_bounds__(kSelectThreads) tree_select_kernel(SelectArgs 
 
   const int num_popped = s_num_popped;
   const int64_t root = *out.root_token;
+  const auto parent_of = [&](int n) { return static_cast<int>(~static_cast<uint32_t>(s.popped[n]) & 2047u); };
   for (int n = threadIdx.x; n < num_nodes; n += blockDim.x) {
     bool* vis_row = out.visibility + static_cast<size_t>(n) * num_nodes;
     if (n >= 1 && n <= num_popped) {
-      const int depth = s.depth[n];
-      const int rank = s.rank[n];
+      const uint64_t entry = s.popped[n];
+      const uint32_t tie = ~static_cast<uint32_t>(entry);
+      const int depth = static_cast<int>(tie >> 21);
+      const int rank = static_cast<int>((tie >> 11) & 1023u);
       out.tokens[n] = args.topk_tokens[(depth - 1) * plan.k + rank];
-      out.parents[n] = s.parent[n];
+      out.parents[n] = parent_of(n);
       out.depths[n] = depth;
       out.ranks[n] = rank;
-      out.scores[n] = s.score[n];
-      for (int j = n; j >= 0; j = s.parent[j]) vis_row[j] = true;
+      out.scores[n] = entry_score(entry);
+      vis_row[0] = true;
+      for (int j = n; j > 0; j = parent_of(j)) vis_row[j] = true;
     } else {  // the root, or padding after the heap ran dry
       out.tokens[n] = root;
       out.parents[n] = -1;
@@ -387,13 +517,15 @@ __global__ void __launch_bounds__(kSelectThreads) tree_select_kernel(SelectArgs 
 }  // namespace
 
 int64_t TreeBuildMaxVocab(int budget) {
-  return static_cast<int64_t>(std::max(1, kMaxCandidates / std::max(1, budget))) * kMaxChunkLen;
+  // Bounds the tie-heavy rows' candidates (chunks * k per row, <= 131072) and so the workspace.
+  return static_cast<int64_t>(std::max(1, 16384 / std::max(1, budget))) * 32768;
 }
 
 size_t TreeBuildWorkspaceBytes(int num_depths, int vocab, int budget) {
   const TopKPlan plan = make_plan(num_depths, vocab, budget);
-  const size_t num_topk = static_cast<size_t>(plan.num_rows) * plan.k;
-  return num_topk * plan.num_chunks * sizeof(uint64_t) + num_topk * (sizeof(float) + sizeof(int32_t));
+  const size_t rows = plan.num_rows;
+  return zeroed_bytes(plan) + rows * plan.max_gathered * sizeof(uint64_t) +
+         rows * plan.k * (sizeof(float) + sizeof(int32_t));
 }
 
 cudaError_t TreeBuild(const TreeBuildArgs& args, cudaStream_t stream) {
@@ -404,16 +536,11 @@ cudaError_t TreeBuild(const TreeBuildArgs& args, cudaStream_t stream) {
   const TopKPlan plan = make_plan(args.num_depths, args.vocab, args.budget);
   const Workspace ws = carve(args.workspace, plan);
   if (plan.num_rows > 0 && plan.k > 0) {
-    const size_t chunk_smem = static_cast<size_t>(plan.chunk_len) * sizeof(uint32_t);
-    DDTREE_CUDA_TRY(allow_dynamic_smem(topk_chunk_kernel, chunk_smem));
-    topk_chunk_kernel<<<dim3(plan.num_chunks, plan.num_rows), kChunkThreads, chunk_smem, stream>>>(
-        args.draft_logprobs, args.vocab, plan, ws.candidates);
+    DDTREE_CUDA_TRY(cudaMemsetAsync(ws.hist, 0, zeroed_bytes(plan), stream));
+    const dim3 grid(plan.num_chunks, plan.num_rows);
+    topk_hist_kernel<<<grid, kTopKThreads, 0, stream>>>(args.draft_logprobs, args.vocab, ws.hist);
     DDTREE_CUDA_TRY(cudaGetLastError());
-
-    const size_t merge_smem = (static_cast<size_t>(plan.num_chunks) * plan.k + plan.sort_len) * sizeof(uint64_t);
-    DDTREE_CUDA_TRY(allow_dynamic_smem(topk_merge_kernel, merge_smem));
-    topk_merge_kernel<<<plan.num_rows, kMergeThreads, merge_smem, stream>>>(ws.candidates, plan, ws.topk_logprobs,
-                                                                           ws.topk_tokens);
+    topk_gather_kernel<<<grid, kTopKThreads, 0, stream>>>(args.draft_logprobs, args.vocab, plan, ws);
     DDTREE_CUDA_TRY(cudaGetLastError());
   }
   const SelectArgs select{ws.topk_logprobs, ws.topk_tokens, plan, args.budget, args};

@@ -1,8 +1,13 @@
 // Best-first draft tree on the GPU (contract: kernels/ops.py), with no host round trip.
 //
-// Three launches on one stream:
-//   1. top-k per (row, vocabulary chunk): radix select in shared memory -> the chunk's k best keys;
-//   2. per row: radix select over the chunks' candidates, bitonic sort -> top k tokens and logprobs;
+// One memset and three launches on one stream:
+//   1. top-k histogram, grid (vocabulary chunk, row): each row's 2048-bin histogram of its logprobs' keys
+//      (the top 11 bits of the order-preserving float key), block histograms added into a zeroed workspace;
+//   2. top-k gather, same grid: each block finds its row's threshold bin (the one holding the k-th largest
+//      key) and collects its chunk's keys in that bin and above; the row's last block to finish (fence and
+//      counter, no wait) selects the k best of the collected keys and sorts them -> top k tokens and
+//      logprobs. A row with too many keys in the threshold bin (many equal logprobs) has each block keep
+//      its chunk's k best of them instead;
 //   3. one block: the best-first pops (warp 0) while the other warps clear the visibility matrix, then
 //      the outputs and each node's visibility row (its ancestors and itself).
 // Candidates are ordered by a 64-bit key, (order-preserving float key << 32) | ~token, so ties go to the
@@ -37,8 +42,8 @@ struct TreeBuildArgs {
   bool* visibility;             // [B+1, B+1]
 };
 
-// The largest vocabulary the top-k stages handle for this budget (the chunk and candidate buffers live in
-// shared memory); 524288 at budget 1024, more for smaller budgets.
+// The largest vocabulary the top-k stages handle for this budget (it bounds the candidate buffers in the
+// workspace); 524288 at budget 1024, more for smaller budgets.
 int64_t TreeBuildMaxVocab(int budget);
 
 size_t TreeBuildWorkspaceBytes(int num_depths, int vocab, int budget);

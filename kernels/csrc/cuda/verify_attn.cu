@@ -273,40 +273,50 @@ __global__ void __launch_bounds__(kThreads) verify_attn_partial_kernel(VerifyAtt
 
 // Block (node, head): o = sum_s w_s O_s with w_s = 2^(m_s - M) / L, L = sum_s 2^(m_s - M) l_s.
 // A split with m_s = -inf saw nothing and may not have written O_s: it is left out of the list of active
-// splits, never read. The block's threads are (column group of kVec columns, slice of the active splits):
-// with many splits (N = 1: ~128) each thread has only a few independent loads to wait on, and the slices
-// are summed through shared memory in a fixed order (deterministic).
+// splits, never read. Warp 0 reads every split's (m, l) once (all loads in flight together, kept in
+// registers) and writes the active splits and their weights to shared memory; then the block's threads,
+// (column group of kVec columns, slice of the active splits), each sum their few independent loads and the
+// slices are added through shared memory in a fixed order (deterministic).
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kMaxCombineThreads) verify_attn_combine_kernel(VerifyAttnArgs<T> a) {
+  constexpr int kPerLane = kMaxSplits / kWarpSize;
   __shared__ float s_weight[kMaxSplits];
   __shared__ int s_active[kMaxSplits];
   __shared__ int s_num_active;
   __shared__ float s_part[kMaxCombineThreads * kVec];
   const size_t nh = blockIdx.x;
-  const size_t num_nh = static_cast<size_t>(a.num_nodes) * a.num_heads;
-  const float* part_o = a.workspace;
-  const float* part_ml = a.workspace + a.num_splits * num_nh * a.lat_dim;
   if (threadIdx.x < kWarpSize) {
     const int lane = threadIdx.x;
+    float m[kPerLane], l[kPerLane];
     float m_max = neg_inf();
-    for (int s = lane; s < a.num_splits; s += kWarpSize) m_max = fmaxf(m_max, part_ml[2 * (s * num_nh + nh)]);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int split = lane + kWarpSize * i;
+      m[i] = neg_inf();
+      l[i] = 0.0f;
+      if (split < a.num_splits) {
+        const float* ml = partial_ml(a, split, nh);
+        m[i] = ml[0];
+        l[i] = ml[1];
+      }
+      m_max = fmaxf(m_max, m[i]);
+    }
     for (int offset = 16; offset > 0; offset >>= 1) m_max = fmaxf(m_max, __shfl_xor_sync(kFullMask, m_max, offset));
     float total = 0.0f;
-    for (int s = lane; s < a.num_splits; s += kWarpSize) {
-      const float m_s = part_ml[2 * (s * num_nh + nh)];
-      if (m_s != neg_inf()) total += exp2f(m_s - m_max) * part_ml[2 * (s * num_nh + nh) + 1];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (m[i] != neg_inf()) total += exp2f(m[i] - m_max) * l[i];
     }
     total = warp_sum(total);
     int count = 0;
-    for (int s0 = 0; s0 < a.num_splits; s0 += kWarpSize) {  // every lane runs the same trip count
-      const int s = s0 + lane;
-      const float m_s = s < a.num_splits ? part_ml[2 * (s * num_nh + nh)] : neg_inf();
-      const bool active = m_s != neg_inf() && total > 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {  // every lane runs the same trip count
+      const bool active = m[i] != neg_inf() && total > 0.0f;
       const unsigned ballot = __ballot_sync(kFullMask, active);
       if (active) {
         const int k = count + __popc(ballot & ((1u << lane) - 1u));
-        s_active[k] = s;
-        s_weight[k] = exp2f(m_s - m_max) / total;
+        s_active[k] = lane + kWarpSize * i;
+        s_weight[k] = exp2f(m[i] - m_max) / total;
       }
       count += __popc(ballot);
     }
@@ -327,7 +337,7 @@ __global__ void __launch_bounds__(kMaxCombineThreads) verify_attn_combine_kernel
 #pragma unroll 4
     for (int k = slice; k < num_active; k += slices) {
       const float w = s_weight[k];
-      const float* src = part_o + (s_active[k] * num_nh + nh) * a.lat_dim + c0;
+      const float* src = partial_o(a, s_active[k], nh) + c0;
       if constexpr (kVec == 4) {
         const float4 v = *reinterpret_cast<const float4*>(src);
         acc[0] = fmaf(w, v.x, acc[0]);
@@ -356,10 +366,13 @@ __global__ void __launch_bounds__(kMaxCombineThreads) verify_attn_combine_kernel
   }
 }
 
-// Combine block size: one thread per (column group, slice of the splits), at most one slice per split.
-int combine_threads(int groups, int num_splits) {
-  const int slices = std::max(1, std::min(num_splits, kMaxCombineThreads / groups));
-  return round_up(groups * slices, kWarpSize);
+// Combine block size: one thread per (column group, slice of the splits), at most one slice per split, and
+// only as many slices as it takes to give the GPU ~2048 threads per multiprocessor over all rows: many rows
+// (a tree) take one slice each, small blocks and many resident; few rows (N = 1, ~128 splits) take many.
+int combine_threads(int groups, int num_splits, int num_rows, int num_sms) {
+  const int64_t wanted = ceil_div(2048 * num_sms, std::max(1, num_rows * groups));
+  const int64_t slices = std::clamp<int64_t>(wanted, 1, std::min(num_splits, kMaxCombineThreads / groups));
+  return round_up(groups * static_cast<int>(slices), kWarpSize);
 }
 
 template <typename T>
@@ -444,9 +457,11 @@ cudaError_t VerifyAttn(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int blocks = a.num_nodes * a.num_heads;
   if (a.lat_dim % 4 == 0 && aligned(a.workspace)) {  // float4 loads of the partial outputs
-    verify_attn_combine_kernel<T, 4><<<blocks, combine_threads(a.lat_dim / 4, a.num_splits), 0, stream>>>(a);
+    verify_attn_combine_kernel<T, 4><<<blocks, combine_threads(a.lat_dim / 4, a.num_splits, blocks, a.num_sms), 0,
+                                                       stream>>>(a);
   } else {
-    verify_attn_combine_kernel<T, 1><<<blocks, combine_threads(a.lat_dim, a.num_splits), 0, stream>>>(a);
+    verify_attn_combine_kernel<T, 1><<<blocks, combine_threads(a.lat_dim, a.num_splits, blocks, a.num_sms), 0,
+                                                       stream>>>(a);
   }
   return cudaGetLastError();
 }

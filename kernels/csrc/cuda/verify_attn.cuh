@@ -48,6 +48,7 @@ struct VerifyAttnArgs {
   int cache_rows;             // S
   float scale;
   VerifyAttnKernel kernel;    // VerifyAttnResolveKernel(...): never kAuto
+  int num_sms;                // multiprocessors of the device (sizes the combine step)
   int num_splits;             // VerifyAttnNumSplits(...)
   float* workspace;           // VerifyAttnWorkspaceBytes(...) bytes, 16-byte aligned; unused with one split
   T* o_lat;                   // [N, H, R]

@@ -35,10 +35,11 @@ __device__ SplitRows split_rows(const VerifyAttnArgs<T>& a, int split, int tile_
 
 // Split count for a tensor-core kernel of one block per multiprocessor and 64-row query and cache tiles,
 // all blocks of a launch equally long: the count with the least modelled time, waves x (cache tiles per
-// split + 1 for the query load, pipeline fill and epilogue) x tile_us, plus for several splits the combine
-// kernel (a launch, ~1 us, and reading the fp32 partial outputs, ~0.66 ns per partial row). Counts past
-// one wave only pay when a wave has few tiles; the smallest count wins ties.
-inline int modelled_splits(int num_nodes, int num_heads, int cache_rows, int num_sms, double tile_us) {
+// split + fixed_tiles for the launch, the query load, pipeline fill and epilogue) x tile_us, plus for
+// several splits the combine kernel (~1 us, and ~1.4 ns per partial row it reads: measured on the H200).
+// Counts past one wave only pay when a wave has few tiles; the smallest count wins ties.
+inline int modelled_splits(int num_nodes, int num_heads, int cache_rows, int num_sms, double tile_us,
+                           double fixed_tiles) {
   const int64_t query_tiles = std::max(1, ceil_div(num_nodes * num_heads, 64));
   const int kv_tiles = std::max(1, ceil_div(cache_rows, 64));
   const double partial_rows = static_cast<double>(num_nodes) * num_heads;
@@ -46,8 +47,8 @@ inline int modelled_splits(int num_nodes, int num_heads, int cache_rows, int num
   double best_us = 0.0;
   for (int s = 1; s <= std::min(kv_tiles, kMaxSplits); ++s) {
     const int64_t waves = (query_tiles * s + num_sms - 1) / std::max(1, num_sms);
-    double us = static_cast<double>(waves) * (ceil_div(kv_tiles, s) + 1) * tile_us;
-    if (s > 1) us += 1.0 + 6.6e-4 * s * partial_rows;
+    double us = static_cast<double>(waves) * (ceil_div(kv_tiles, s) + fixed_tiles) * tile_us;
+    if (s > 1) us += 1.0 + 1.4e-3 * s * partial_rows;
     if (s == 1 || us < best_us) best = s, best_us = us;
   }
   return best;
@@ -87,6 +88,26 @@ __device__ __forceinline__ void store_o_pair(const VerifyAttnArgs<__nv_bfloat16>
   } else {
     *reinterpret_cast<float2*>(partial_o(a, split, row) + col) = make_float2(o0, o1);
   }
+}
+
+// The block_mask row of a tensor-core tile's query row (node, head) = row; padding rows past N * H take
+// any valid node (their results are never written).
+template <typename T>
+__device__ __forceinline__ const bool* tile_mask_row(const VerifyAttnArgs<T>& a, int row) {
+  return a.block_mask + static_cast<size_t>(min(row / a.num_heads, a.num_nodes - 1)) * a.num_nodes;
+}
+
+// Whether cache row u is visible to the node of `mask_row`: the prefix, and the block rows its mask allows.
+__device__ __forceinline__ bool row_visible(const SplitRows& rows, const bool* mask_row, int u) {
+  return u < rows.end && (u < rows.prefix || mask_row[u - rows.prefix]);
+}
+
+// A tensor-core tile's split that starts past the visible rows (only with several splits): its rows saw
+// nothing, which the combine step reads from (max, sum) = (-inf, 0).
+template <typename T>
+__device__ __forceinline__ void mark_tile_split_empty(const VerifyAttnArgs<T>& a, int split, int row0, int tile_rows) {
+  const int num_rows = a.num_nodes * a.num_heads;
+  for (int r = threadIdx.x; r < tile_rows && row0 + r < num_rows; r += blockDim.x) store_ml(a, split, row0 + r, neg_inf(), 0.0f);
 }
 
 }  // namespace ddtree::cuda

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_mma_kernel(VerifyAttn
   const int split = blockIdx.y;
   const SplitRows rows = split_rows(a, split, kRowsKv);
   if (rows.begin >= rows.end) {  // a split past the visible rows (only with several splits)
-    for (int r = threadIdx.x; r < kRowsQ && row0 + r < num_q; r += kThreads) store_ml(a, split, row0 + r, neg_inf(), 0.0f);
+    mark_tile_split_empty(a, split, row0, kRowsQ);
     return;
   }
 
@@ -96,8 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_mma_kernel(VerifyAttn
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     s_row[h] = 16 * mt + g + 8 * h;
-    const int node = min((row0 + s_row[h]) / a.num_heads, a.num_nodes - 1);  // padding rows: any valid node
-    mask_row[h] = a.block_mask + static_cast<size_t>(node) * a.num_nodes;
+    mask_row[h] = tile_mask_row(a, row0 + s_row[h]);
     m_run[h] = neg_inf();
     l_run[h] = 0.0f;
   }
@@ -154,8 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_mma_kernel(VerifyAttn
         float v = s[nt][j] * scale_log2;
         if (needs_mask) {
           const int u = tile + 32 * ch + 8 * nt + 2 * q4 + (j & 1);
-          const bool visible = u < rows.end && (u < rows.prefix || mask_row[h][u - rows.prefix]);
-          if (!visible) v = neg_inf();
+          if (!row_visible(rows, mask_row[h], u)) v = neg_inf();
         }
         s[nt][j] = v;
         mx[h] = fmaxf(mx[h], v);
@@ -285,7 +283,7 @@ cudaError_t launch(const VerifyAttnArgs<bf16>& a, cudaStream_t stream) {
 // One 64 x 64 tile step of a block takes ~4.8 us on the H200 (N = 257, S = 32768: 2 waves x 512 steps in
 // 4874 us). 132 SMs, H = 64: N = 1 -> 64 splits at S = 4096; N = 8 -> 16; N = 32 -> 4; N = 65 -> 2; N >= 129 -> 1.
 int num_splits(int num_nodes, int num_heads, int cache_rows, int num_sms) {
-  return modelled_splits(num_nodes, num_heads, cache_rows, num_sms, 4.8);
+  return modelled_splits(num_nodes, num_heads, cache_rows, num_sms, 4.8, 1.0);
 }
 
 }  // namespace ddtree::cuda::tc

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAt
   const SplitRows rows = split_rows(a, split, kRows);
 
   if (rows.begin >= rows.end) {  // a split past the visible rows (only with several splits)
-    for (int r = threadIdx.x; r < kRows && row0 + r < num_q; r += kThreads) store_ml(a, split, row0 + r, neg_inf(), 0.0f);
+    mark_tile_split_empty(a, split, row0, kRows);
     return;
   }
 
@@ -117,8 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAt
   float m_run[2], l_run[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int node = min((row0 + row_lo + 8 * h) / a.num_heads, a.num_nodes - 1);  // padding rows: any node
-    mask_row[h] = a.block_mask + static_cast<size_t>(node) * a.num_nodes;
+    mask_row[h] = tile_mask_row(a, row0 + row_lo + 8 * h);
     m_run[h] = neg_inf();
     l_run[h] = 0.0f;
   }
@@ -164,8 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAt
         float v = s[i] * scale_log2;
         if (needs_mask) {
           const int u = tile + 8 * (i / 4) + 2 * q4 + i % 2;
-          const bool visible = u < rows.end && (u < rows.prefix || mask_row[h][u - rows.prefix]);
-          if (!visible) v = neg_inf();
+          if (!row_visible(rows, mask_row[h], u)) v = neg_inf();
         }
         s[i] = v;
         mx[h] = fmaxf(mx[h], v);
@@ -284,9 +282,9 @@ bool supported(const VerifyAttnArgs<bf16>& a) {
 }
 
 // One 64 x 64 tile step of a block takes ~1.8 us on the H200 (N = 257, S = 32768: 2 waves x 512 steps in
-// 1836 us, 640 TFLOP/s).
+// 1836 us, 640 TFLOP/s), and a launch ~5 steps more (N = 8: 8.9 us at 0 steps, extrapolated from S = 256 .. 4096).
 int num_splits(int num_nodes, int num_heads, int cache_rows, int num_sms) {
-  return modelled_splits(num_nodes, num_heads, cache_rows, num_sms, 1.8);
+  return modelled_splits(num_nodes, num_heads, cache_rows, num_sms, 1.8, 5.0);
 }
 
 cudaError_t launch(const VerifyAttnArgs<bf16>& a, cudaStream_t stream) {
