@@ -39,7 +39,7 @@ def _targets(kernels: dict, decode: dict) -> str:
         ("verify_attn >= 50% of the measured bf16 roofline at N·H >= 512 and S >= 4096",
          f"{span('ours_roofline', '{:.0%}')} ({met_except(big, lambda r: r['ours_roofline'] >= 0.5)})"),
         ("verify_attn >= 2x the torch baseline there",
-         f"{span('speedup', '{:.2f}x')} ({met(all(r['speedup'] >= 2 for r in big))})"),
+         f"{span('speedup', '{:.2f}x')} ({met_except(big, lambda r: r['speedup'] >= 2)})"),
         ("verify_attn no slower than the torch baseline anywhere",
          f"slowest case N={worst['N']}, S={worst['S']}: {worst['speedup']:.2f}x ({met(worst['speedup'] >= 1)})"),
         ("tree_build at B=256, V=163840 under 50 µs",
