@@ -45,7 +45,8 @@ def _decode(step_over_ar: float) -> dict:
          ["60% to 80% (met)", "2.50x to 4.00x (met)", "slowest case N=1, S=4096: 0.90x (not met)",
           "40.0 µs (met)", "eager 1.20x, graph 1.20x (met)"]),
         ([0.2, 0.7, 0.4], [1.5, 3.0, 4.0], 74.8, 1.6,
-         ["20% to 70% (met in 1 of 3 cases; not met at N=8, S=4096; N=65, S=4096)", "1.50x to 4.00x (met in 2 of 3 cases; not met at N=8, S=4096)",
+         ["20% to 70% (met in 1 of 3 cases; not met at N=8, S=4096; N=65, S=4096)",
+          "1.50x to 4.00x (met in 2 of 3 cases; not met at N=8, S=4096)",
           "74.8 µs (not met)", "eager 1.60x, graph 1.60x (not met)"]),
     ],
 )
