@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import unittest.mock
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -114,18 +115,9 @@ def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
     return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
 
 
-@contextlib.contextmanager
-def attn_kernel(name: str) -> Iterator[None]:
+def attn_kernel(name: str) -> contextlib.AbstractContextManager:
     """verify_attn runs `name` (DDTREE_VERIFY_ATTN_KERNEL) inside the block: graphs captured there keep it."""
-    before = os.environ.get(KERNEL_ENV)
-    os.environ[KERNEL_ENV] = name
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[KERNEL_ENV]
-        else:
-            os.environ[KERNEL_ENV] = before
+    return unittest.mock.patch.dict(os.environ, {KERNEL_ENV: name})
 
 
 def has_wgmma(device: torch.device, dtype: torch.dtype) -> bool:

@@ -117,9 +117,7 @@ def make_plan() -> BuildPlan:
         extra_cuda_cflags = ["-O3", "-std=c++17", "-lineinfo", *_cuda_arch_flags()]
     extra_cflags = ["-O3", "-fopenmp"]  # -fopenmp: at::parallel_for is inline and runs serially without it
     extra_ldflags = ["-fopenmp"]
-    flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]
-    if with_cuda:
-        flags.append(f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '')}")
+    flags = [*extra_cflags, *extra_cuda_cflags, *extra_ldflags]  # the arch list is in the -gencode flags
     digest = _digest(sorted(sources + headers), flags)
     default_dir = Path.home() / ".cache" / "ddtree-studio" / "build"
     default_dir /= f"{torch.__version__}-{'cuda' if with_cuda else 'cpu'}-{digest}"

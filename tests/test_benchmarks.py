@@ -26,25 +26,23 @@ from benchmarks.common import (
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
-def run_quick(module: str, out: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, "--device", "cpu", "--quick", "--out", str(out)],
+def run_quick(tmp_path_factory, module: str, name: str) -> tuple[str, dict, str]:
+    """One --quick CPU run of a benchmark script: its stdout, its JSON and its markdown tables."""
+    out = tmp_path_factory.mktemp(name)
+    proc = subprocess.run([sys.executable, "-m", module, "--device", "cpu", "--quick", "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, json.loads((out / f"{name}-cpu.json").read_text()), (out / f"{name}-cpu.md").read_text()
 
 
 @pytest.fixture(scope="module")
 def kernels_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("kernels")
-    proc = run_quick("benchmarks.bench_kernels", out)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout, json.loads((out / "kernels-cpu.json").read_text()), (out / "kernels-cpu.md").read_text()
+    return run_quick(tmp_path_factory, "benchmarks.bench_kernels", "kernels")
 
 
 @pytest.fixture(scope="module")
 def decode_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("decode")
-    proc = run_quick("benchmarks.bench_decode", out)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout, json.loads((out / "decode-cpu.json").read_text()), (out / "decode-cpu.md").read_text()
+    return run_quick(tmp_path_factory, "benchmarks.bench_decode", "decode")
 
 
 def assert_positive(row: dict, *keys: str) -> None:

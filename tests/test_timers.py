@@ -26,11 +26,17 @@ def run_random_ranges(timer: StepTimer, rng: random.Random, depth: int, prefix: 
     return opened
 
 
-def test_names_nest_and_parents_cover_children():
-    rng = random.Random()
+@pytest.fixture
+def random_step() -> tuple[StepTimer, list[str]]:
+    """A CPU timer after one step of randomly nested ranges, and the range names in the order they opened."""
     timer = StepTimer("cpu")
     with timer.range("step"):
-        opened = ["step"] + run_random_ranges(timer, rng, 3, ["step"])
+        opened = ["step"] + run_random_ranges(timer, random.Random(), 3, ["step"])
+    return timer, opened
+
+
+def test_names_nest_and_parents_cover_children(random_step):
+    timer, opened = random_step
     res = timer.results_ns()
     assert set(res) == set(opened)
     for name, ns in res.items():
@@ -38,11 +44,8 @@ def test_names_nest_and_parents_cover_children():
         assert ns >= sum(res[c] for c in children), name
 
 
-def test_spans_are_in_open_order_nested_and_match_totals():
-    rng = random.Random()
-    timer = StepTimer("cpu")
-    with timer.range("step"):
-        opened = ["step"] + run_random_ranges(timer, rng, 3, ["step"])
+def test_spans_are_in_open_order_nested_and_match_totals(random_step):
+    timer, opened = random_step
     res = timer.results_ns()
     spans = timer.last_spans()
     assert [s.name for s in spans] == opened

@@ -6,10 +6,11 @@
 #include <cstdint>
 #include <tuple>
 
+#include "../tree_outputs.h"
+
 namespace ddtree::cpu {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_build(
-    const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget);
+TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget);
 
 std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
                                                const at::Tensor& kpe, const at::Tensor& prefix_len,

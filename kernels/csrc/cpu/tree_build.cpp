@@ -1,7 +1,4 @@
 // Best-first draft tree construction on the CPU (contract: kernels/ops.py).
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,6 +7,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../tree_outputs.h"
 #include "cpu_ops.h"
 
 namespace ddtree::cpu {
@@ -62,8 +60,7 @@ void top_k_per_row(const float* logprobs, int64_t num_rows, int64_t vocab, int64
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_build(
-    const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
+TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
   check_tree_build_args(draft_logprobs, root_token, budget);
   const int64_t num_depths = draft_logprobs.size(0);
   const int64_t vocab = draft_logprobs.size(1);
@@ -78,13 +75,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   top_k_per_row(logprobs, num_depths, vocab, k, cand_tokens, cand_logprobs);
 
   const int64_t num_nodes = budget + 1;
-  const auto long_opts = draft_logprobs.options().dtype(at::kLong);
-  at::Tensor tokens = at::empty({num_nodes}, long_opts);
-  at::Tensor parents = at::empty({num_nodes}, long_opts);
-  at::Tensor depths = at::empty({num_nodes}, long_opts);
-  at::Tensor ranks = at::empty({num_nodes}, long_opts);
-  at::Tensor scores = at::empty({num_nodes}, draft_logprobs.options());
-  at::Tensor visibility = at::zeros({num_nodes, num_nodes}, draft_logprobs.options().dtype(at::kBool));
+  TreeBuildOutputs outputs = empty_tree_build_outputs(draft_logprobs, budget);
+  auto& [tokens, parents, depths, ranks, scores, visibility] = outputs;
+  visibility.zero_();
   int64_t* tok = tokens.mutable_data_ptr<int64_t>();
   int64_t* par = parents.mutable_data_ptr<int64_t>();
   int64_t* dep = depths.mutable_data_ptr<int64_t>();
@@ -119,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     }
     if (c.depth < num_depths) heap.push({c.score + cand_logprobs[c.depth * k], c.depth + 1, 0, n});
   }
-  return {tokens, parents, depths, ranks, scores, visibility};
+  return outputs;
 }
 
 }  // namespace ddtree::cpu

@@ -19,6 +19,7 @@
 #include <tuple>
 
 #include "../checks.h"
+#include "../tree_outputs.h"
 #include "kv_compact.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
@@ -47,14 +48,12 @@ at::Tensor workspace(const at::Tensor& like, size_t bytes) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_build(
-    const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
+TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
   constexpr const char* op = "tree_build";
   check_tree_build_args(draft_logprobs, root_token, budget);
   check_on_cuda(draft_logprobs, op, "draft_logprobs");
   const int num_depths = as_int(draft_logprobs.size(0), op, "L (draft_logprobs.size(0))");
   const int64_t vocab = draft_logprobs.size(1);
-  const int num_nodes = static_cast<int>(budget) + 1;
   TORCH_CHECK(std::min<int64_t>(num_depths, budget) <= kTreeBuildMaxDepth, op,
               " (CUDA): a tree of budget ", budget, " over L = ", num_depths, " draft positions reaches depth ",
               std::min<int64_t>(num_depths, budget), "; the kernel handles at most ", kTreeBuildMaxDepth,
@@ -64,13 +63,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
               ": lower the budget or use the CPU op");
 
   const c10::cuda::CUDAGuard guard(draft_logprobs.device());
-  const auto long_opts = draft_logprobs.options().dtype(at::kLong);
-  at::Tensor tokens = at::empty({num_nodes}, long_opts);
-  at::Tensor parents = at::empty({num_nodes}, long_opts);
-  at::Tensor depths = at::empty({num_nodes}, long_opts);
-  at::Tensor ranks = at::empty({num_nodes}, long_opts);
-  at::Tensor scores = at::empty({num_nodes}, draft_logprobs.options());
-  at::Tensor visibility = at::empty({num_nodes, num_nodes}, draft_logprobs.options().dtype(at::kBool));
+  TreeBuildOutputs outputs = empty_tree_build_outputs(draft_logprobs, budget);  // the kernel writes every element
+  auto& [tokens, parents, depths, ranks, scores, visibility] = outputs;
   at::Tensor ws = workspace(draft_logprobs, TreeBuildWorkspaceBytes(num_depths, static_cast<int>(vocab),
                                                                     static_cast<int>(budget)));
   TreeBuildArgs args{};
@@ -87,7 +81,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   args.scores = scores.mutable_data_ptr<float>();
   args.visibility = visibility.mutable_data_ptr<bool>();
   check_launch(TreeBuild(args, c10::cuda::getCurrentCUDAStream()), op);
-  return {tokens, parents, depths, ranks, scores, visibility};
+  return outputs;
 }
 
 // DDTREE_VERIFY_ATTN_KERNEL: which verify_attn kernel to run (auto when unset); for comparing the kernels.

@@ -398,10 +398,10 @@ cudaError_t launch_partial(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
 
 int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, int cache_rows, int num_sms) {
   switch (kernel) {
-    case VerifyAttnKernel::kWgmma:
-      return std::clamp(tc_sm90::num_splits(num_nodes, num_heads, cache_rows, num_sms), 1, kMaxSplits);
+    case VerifyAttnKernel::kWgmma:  // modelled_splits: within [1, kMaxSplits]
+      return tc_sm90::num_splits(num_nodes, num_heads, cache_rows, num_sms);
     case VerifyAttnKernel::kMmaSync:
-      return std::clamp(tc::num_splits(num_nodes, num_heads, cache_rows, num_sms), 1, kMaxSplits);
+      return tc::num_splits(num_nodes, num_heads, cache_rows, num_sms);
     default: {  // two waves of 8-head blocks
       const int blocks = num_nodes * ceil_div(num_heads, kHeadsPerBlock);
       const int wanted = ceil_div(2 * num_sms, std::max(1, blocks));
@@ -412,21 +412,18 @@ int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, i
 
 template <typename T>
 VerifyAttnKernel VerifyAttnResolveKernel(const VerifyAttnArgs<T>& a, VerifyAttnKernel wanted) {
-  bool wgmma = false, mma_sync = false;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    wgmma = tc_sm90::supported(a);
-    mma_sync = tc::supported(a);
+  const auto handles = [&](VerifyAttnKernel kernel) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (kernel == VerifyAttnKernel::kWgmma) return tc_sm90::supported(a);
+      if (kernel == VerifyAttnKernel::kMmaSync) return tc::supported(a);
+    }
+    return kernel == VerifyAttnKernel::kCudaCore;
+  };
+  if (wanted != VerifyAttnKernel::kAuto) return handles(wanted) ? wanted : VerifyAttnKernel::kAuto;
+  for (const VerifyAttnKernel kernel : {VerifyAttnKernel::kWgmma, VerifyAttnKernel::kMmaSync}) {
+    if (handles(kernel)) return kernel;
   }
-  switch (wanted) {
-    case VerifyAttnKernel::kAuto:
-      return wgmma ? VerifyAttnKernel::kWgmma : mma_sync ? VerifyAttnKernel::kMmaSync : VerifyAttnKernel::kCudaCore;
-    case VerifyAttnKernel::kWgmma:
-      return wgmma ? wanted : VerifyAttnKernel::kAuto;
-    case VerifyAttnKernel::kMmaSync:
-      return mma_sync ? wanted : VerifyAttnKernel::kAuto;
-    default:
-      return wanted;
-  }
+  return VerifyAttnKernel::kCudaCore;
 }
 
 size_t VerifyAttnWorkspaceBytes(int num_nodes, int num_heads, int lat_dim, int num_splits) {
@@ -442,7 +439,7 @@ cudaError_t VerifyAttn(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (a.num_nodes == 0 || a.num_heads == 0) return cudaSuccess;
-  if (VerifyAttnResolveKernel(a, a.kernel) != a.kernel) return cudaErrorInvalidValue;  // kAuto or unsupported
+  if (a.kernel == VerifyAttnKernel::kAuto) return cudaErrorInvalidValue;  // the caller resolves it, once
   constexpr int kVec = 16 / sizeof(T);
   cudaError_t err = cudaSuccess;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
