@@ -6,7 +6,8 @@ of the same algorithm over torch.topk, and vs our CPU op on a CPU copy. tree_acc
 the plain-torch references of kernels/reference.py. On CUDA, "ours" and the torch attention are timed as
 CUDA-graph replays (device time) and as eager calls (CUDA events, launch gaps included). On an H100/H200 the
 verify_attn table also times the mma.sync kernel (DDTREE_VERIFY_ATTN_KERNEL=mma) beside the automatic choice
-(wgmma).
+(wgmma), and on CUDA the tree_build table times the op with the heap's serial pops (DDTREE_TREE_BUILD=heap)
+beside the automatic choice (the threshold build).
 
     python -m benchmarks.bench_kernels [--device cuda|cpu] [--quick] [--out DIR]
 """
@@ -108,16 +109,14 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 # -- verify_attn ---------------------------------------------------------------------------------------------
 
-KERNEL_ENV = "DDTREE_VERIFY_ATTN_KERNEL"
-
-
 def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
     return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
 
 
-def attn_kernel(name: str) -> contextlib.AbstractContextManager:
-    """verify_attn runs `name` (DDTREE_VERIFY_ATTN_KERNEL) inside the block: graphs captured there keep it."""
-    return unittest.mock.patch.dict(os.environ, {KERNEL_ENV: name})
+def op_setting(var: str, value: str) -> contextlib.AbstractContextManager:
+    """The CUDA ops read `var` (DDTREE_VERIFY_ATTN_KERNEL, DDTREE_TREE_BUILD) at each call: inside the block
+    they run `value`, and graphs captured there keep it."""
+    return unittest.mock.patch.dict(os.environ, {var: value})
 
 
 def has_wgmma(device: torch.device, dtype: torch.dtype) -> bool:
@@ -146,7 +145,7 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
     base = measure(torch_attention, sets, device, budget)
     mma = None
     if has_wgmma(device, dtype):  # the previous tensor-core kernel (mma.sync), for the record
-        with attn_kernel("mma"):
+        with op_setting("DDTREE_VERIFY_ATTN_KERNEL", "mma"):
             mma = measure(ours_attention, sets, device, budget)
     floor_us = ceil.floor_us(num_bytes, flops)
     mma_text = f"  mma.sync {mma.us:9.1f} us" if mma else ""
@@ -200,20 +199,28 @@ def bench_tree_build(g: Grid, device: torch.device, budget: Budget, ceil: Ceilin
                 for x, y in zip(ops.tree_build(drafts[0], root, b), heapq_tree_build(drafts[0], root_id, b),
                                 strict=True)]
         ours = measure(lambda d: ops.tree_build(d, root, b), drafts, device, budget)
+        pops = None  # the same op with the heap's serial pops in place of the threshold build
+        if device.type == "cuda":
+            with op_setting("DDTREE_TREE_BUILD", "heap"):
+                pops = measure(lambda d: ops.tree_build(d, root, b), drafts, device, budget)
         topk = measure(lambda d: torch.topk(d, min(b, g.vocab), dim=-1), drafts, device, budget)
         heap = measure(lambda d: heapq_tree_build(d, root_id, b), drafts, device, budget, graph=False)
         cpu_op = (measure(lambda d: ops.tree_build(d, cpu_root, b), cpu_drafts, torch.device("cpu"), budget)
                   if device.type == "cuda" else None)
         floor_us = ceil.floor_us(set_bytes, 0)
-        print(f"  tree_build B={b:5d}: ours {ours.us:9.1f} us  heapq {heap.us:9.1f} us", flush=True)
+        print(f"  tree_build B={b:5d}: ours {ours.us:9.1f} us  heapq {heap.us:9.1f} us"
+              + (f"  heap pops {pops.us:9.1f} us" if pops else ""), flush=True)
         return {
             "B": b, "V": g.vocab, "L": g.draft_depths, "ours_us": ours.us, "ours_eager_us": ours.eager_us,
-            "topk_us": topk.us, "heapq_us": heap.us, "cpu_op_us": cpu_op.us if cpu_op else None,
+            "topk_us": topk.us, "pops_us": pops.us if pops else None,
+            "pops_over_ours": ratio(pops.us, ours.us) if pops else None, "heapq_us": heap.us,
+            "cpu_op_us": cpu_op.us if cpu_op else None,
             "heapq_over_ours": ratio(heap.us, ours.us),
             "cpu_op_over_ours": ratio(cpu_op.us, ours.us) if cpu_op else None,
             "floor_us": floor_us, "ours_roofline": floor_us / ours.us, "match_heapq": all(same),
             "num_sets": len(drafts),
-            "timings": {"ours": ours.timings, "topk": topk.timings, "heapq": heap.timings,
+            "timings": {"ours": ours.timings, "topk": topk.timings, "pops": pops.timings if pops else None,
+                        "heapq": heap.timings,
                         "cpu_op": cpu_op.timings if cpu_op else None},
         }
 
@@ -222,6 +229,7 @@ def bench_tree_build(g: Grid, device: torch.device, budget: Budget, ceil: Ceilin
 
 BUILD_COLUMNS = [
     Column("B", "B", "{}"), Column("ours_us", "ours us", "{:.1f}"), Column("topk_us", "torch.topk us", "{:.1f}"),
+    Column("pops_us", "heap pops us", "{:.1f}"), Column("pops_over_ours", "pops/ours", "{:.2f}"),
     Column("heapq_us", "heapq us", "{:.1f}"), Column("heapq_over_ours", "heapq/ours", "{:.1f}"),
     Column("cpu_op_us", "CPU op us", "{:.1f}"), Column("cpu_op_over_ours", "CPU op/ours", "{:.1f}"),
     Column("ours_eager_us", "ours eager us", "{:.1f}"), Column("ours_roofline", "ours roofline", "{:.1%}"),

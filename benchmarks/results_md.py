@@ -53,6 +53,14 @@ def _targets(kernels: dict, decode: dict) -> str:
     return f"### Targets of issue 7\n\n| target | where we land |\n|---|---|\n{table}\n"
 
 
+def _revision(env: dict) -> str:
+    if not env["git_commit"]:
+        return "on a copy of the working tree"
+    if env.get("git_dirty"):
+        return f"on the working tree at commit {env['git_commit'][:12]} with uncommitted changes"
+    return f"at commit {env['git_commit'][:12]}"
+
+
 def render(run_dir: Path) -> str:
     kernels = json.loads((run_dir / "kernels-cuda.json").read_text())
     decode = json.loads((run_dir / "decode-cuda.json").read_text())
@@ -60,7 +68,7 @@ def render(run_dir: Path) -> str:
     body = [
         "## H200\n",
         f"{env['device_name']}, torch {env['torch']}, CUDA {env['cuda']}, run {kernels['date'][:10]} "
-        f"{'at commit ' + env['git_commit'][:12] if env['git_commit'] else 'on a copy of the working tree'}; "
+        f"{_revision(env)}; "
         "the commands are `bash benchmarks/h200_session.sh bench` "
         "(which runs the two below) and `python -m benchmarks.results_md $OUT` to write this section.\n",
         _targets(kernels, decode),

@@ -19,6 +19,16 @@ def git_commit(root: pathlib.Path = REPO_ROOT) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def git_dirty(root: pathlib.Path = REPO_ROOT) -> bool | None:
+    """Whether the source tree differs from HEAD (changed or new files that git does not ignore); None outside
+    a repository. A run on a dirty tree measured code that no commit holds yet."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
 def device_name(device: str) -> str:
     """The GPU's name for a CUDA run, else the host CPU's."""
     if device.startswith("cuda") and torch.cuda.is_available():
@@ -34,6 +44,7 @@ def environment(device: str) -> dict:
         "device": device,
         "device_name": device_name(device),
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

@@ -55,11 +55,13 @@ SUMMARY = _object({
     "first_divergence": {"oneOf": [{"type": "null"}, DIVERGENCE]},
 })
 
-ENVIRONMENT = _object({
+_ENVIRONMENT_FIELDS = {
     "torch": {"type": "string"}, "cuda": {"type": ["string", "null"]}, "cuda_available": {"type": "boolean"},
     "device": {"type": "string"}, "device_name": {"type": "string"}, "git_commit": {"type": ["string", "null"]},
     "python": {"type": "string"}, "platform": {"type": "string"},
-})
+}
+# git_dirty came later: optional, so earlier reports stay valid.
+ENVIRONMENT = _object({**_ENVIRONMENT_FIELDS, "git_dirty": {"type": ["boolean", "null"]}}, list(_ENVIRONMENT_FIELDS))
 
 RUN = _object({
     "mode": _MODE, "first_token": _INT, "prefill_ns": _INT, "wall_ns": _INT, "num_steps": _INT, "tokens": _INTS,

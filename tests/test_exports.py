@@ -364,3 +364,23 @@ def test_html_shows_device_columns_only_for_a_cuda_capture():
         step = [r for r in kernels if r["name"] == "step"]
         assert all(r["profiler_cpu_ms"] == "2.0" for r in step)
         assert all(r["device_ms"] == ("0.5" if "cuda" in activities else "") for r in step)
+
+
+def test_environment_records_whether_the_tree_has_uncommitted_changes(tmp_path):
+    """Reports and benchmark runs say whether they measured a commit or a working tree that differs from it."""
+    import subprocess
+
+    from profiling.environment import git_commit, git_dirty
+
+    assert git_commit(tmp_path) is None and git_dirty(tmp_path) is None  # not a repository
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True)
+    assert len(git_commit(tmp_path)) == 40 and git_dirty(tmp_path) is False
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert git_dirty(tmp_path) is True
+    subprocess.run([*git, "checkout", "-q", "a.py"], check=True)
+    (tmp_path / "b.py").write_text("new file\n")  # untracked, not ignored: part of what a run measures
+    assert git_dirty(tmp_path) is True

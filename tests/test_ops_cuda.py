@@ -99,6 +99,56 @@ def test_tree_build_special_values(ops):
         _build_both(ops, draft, budget, seed)
 
 
+@pytest.mark.parametrize("budget", [16, 256, 1024])
+@pytest.mark.parametrize("sharpness", [1.0, 4.0, 16.0, 64.0])
+def test_threshold_build_applies_to_log_probs(ops, monkeypatch, sharpness, budget):
+    """Log-probs, flat (a one-level tree) to peaked (15 levels, thresholds raised several times): the threshold
+    build alone gives the CPU op's tree. DDTREE_TREE_BUILD=threshold leaves the tree empty where it gives up,
+    so a silent fallback to the heap would fail here."""
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    draft = torch.log_softmax(sharpness * torch.randn(15, 32768, generator=gen), dim=-1)
+    monkeypatch.setenv("DDTREE_TREE_BUILD", "threshold")
+    _build_both(ops, draft, budget, seed)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+@pytest.mark.parametrize("budget", [64, 256])
+def test_threshold_build_orders_tied_scores_like_the_heap(ops, monkeypatch, noise, budget):
+    """The oracle drafter's rows share their values, so many nodes tie in (score, depth, rank) and differ only
+    in the parent: the threshold build orders them by the parent's position, as the heap does."""
+    from engine.drafters import OracleDrafter
+
+    seed = _seed()
+    rng = random.Random(seed)
+    drafter = OracleDrafter([rng.randrange(5000) for _ in range(14)], 5000, noise=noise, seed=seed)
+    monkeypatch.setenv("DDTREE_TREE_BUILD", "threshold")
+    _build_both(ops, drafter.table, budget, seed)
+
+
+@pytest.mark.parametrize("method", ["auto", "heap", "threshold"])
+def test_tree_build_methods_on_positive_logprobs(ops, monkeypatch, method):
+    """A positive logprob breaks the threshold build's premise (children never outscore their parent): auto
+    and heap give the CPU op's tree, threshold an empty one (every node after the root is padding)."""
+    seed = _seed()
+    draft = torch.randn(6, 1000, generator=torch.Generator().manual_seed(seed))
+    monkeypatch.setenv("DDTREE_TREE_BUILD", method)
+    if method != "threshold":
+        _build_both(ops, draft, 100, seed)
+        return
+    root = torch.tensor(5, device=CUDA)
+    tokens, parents, depths, ranks, scores, visibility = ops.tree_build(draft.to(CUDA), root, 100)
+    assert tokens.eq(5).all() and parents[1:].eq(-1).all() and depths.eq(0).all() and ranks.eq(0).all()
+    assert scores[0] == 0 and scores[1:].eq(float("-inf")).all()
+    assert torch.equal(visibility.cpu(), torch.eye(101, dtype=torch.bool))
+
+
+def test_tree_build_method_choice_error(ops, monkeypatch):
+    monkeypatch.setenv("DDTREE_TREE_BUILD", "beam")
+    with pytest.raises(RuntimeError, match="DDTREE_TREE_BUILD=beam is not one of auto, heap, threshold"):
+        ops.tree_build(torch.zeros(2, 10, device=CUDA), torch.tensor(0, device=CUDA), 4)
+
+
 def test_tree_build_orders_nan_like_minus_inf(ops):
     """The CPU op raises on NaN; the CUDA op cannot without a host sync and orders NaN like -inf."""
     seed = _seed()
@@ -213,7 +263,7 @@ def test_verify_attn_kernel_choice_errors(ops, monkeypatch):
     ckv, kpe = torch.randn(8, 512, device=CUDA), torch.randn(8, 64, device=CUDA)
     args = (q_lat, q_pe, ckv, kpe, torch.tensor(2, device=CUDA), torch.ones(2, 2, dtype=torch.bool, device=CUDA), 0.1)
     monkeypatch.setenv("DDTREE_VERIFY_ATTN_KERNEL", "flash")
-    with pytest.raises(RuntimeError, match="DDTREE_VERIFY_ATTN_KERNEL=flash is not a kernel: use auto, wgmma, mma"):
+    with pytest.raises(RuntimeError, match="DDTREE_VERIFY_ATTN_KERNEL=flash is not one of auto, wgmma, mma, cuda-core"):
         ops.verify_attn(*args)
     monkeypatch.setenv("DDTREE_VERIFY_ATTN_KERNEL", "mma")  # float32: only the CUDA-core kernel
     with pytest.raises(RuntimeError, match=r"DDTREE_VERIFY_ATTN_KERNEL=mma cannot run these inputs \(Float, R = 512"):

@@ -56,6 +56,17 @@ def test_targets_follow_from_the_numbers(rooflines, speedups, build_us, step, ex
         assert text in table
 
 
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"git_commit": "4a316ea94ac5c011", "git_dirty": False}, "at commit 4a316ea94ac5"),
+    ({"git_commit": "4a316ea94ac5c011"}, "at commit 4a316ea94ac5"),  # a run from before git_dirty was recorded
+    ({"git_commit": "4a316ea94ac5c011", "git_dirty": True},
+     "on the working tree at commit 4a316ea94ac5 with uncommitted changes"),
+    ({"git_commit": None, "git_dirty": None}, "on a copy of the working tree"),
+])
+def test_results_name_the_measured_revision(env, expected):
+    assert results_md._revision(env) == expected
+
+
 def test_committed_profile_report_is_valid_and_greedy_exact():
     doc = json.loads((REPORT_DIR / "report.json").read_text())
     jsonschema.validate(doc, REPORT_SCHEMA)

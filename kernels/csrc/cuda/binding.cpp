@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -37,6 +38,34 @@ void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, " (CUDA): kernel launch failed: ", cudaGetErrorName(err), " (",
               cudaGetErrorString(err), ")");
 }
+
+// An implementation picked by an environment variable (the first choice when unset), to compare them.
+template <typename T>
+struct Choice {
+  const char* name;
+  T value;
+};
+
+template <typename T, size_t N>
+const Choice<T>& env_choice(const char* op, const char* var, const Choice<T> (&choices)[N]) {
+  const char* env = std::getenv(var);
+  const std::string value = env == nullptr ? choices[0].name : env;
+  std::string names;
+  for (const Choice<T>& choice : choices) {
+    if (value == choice.name) return choice;
+    names += (names.empty() ? "" : ", ") + std::string(choice.name);
+  }
+  TORCH_CHECK(false, op, " (CUDA): ", var, "=", value, " is not one of ", names, ": pick one or unset it");
+}
+
+constexpr Choice<VerifyAttnKernel> kVerifyAttnKernels[] = {{"auto", VerifyAttnKernel::kAuto},
+                                                           {"wgmma", VerifyAttnKernel::kWgmma},
+                                                           {"mma", VerifyAttnKernel::kMmaSync},
+                                                           {"cuda-core", VerifyAttnKernel::kCudaCore}};
+
+constexpr Choice<TreeBuildMethod> kTreeBuildMethods[] = {{"auto", TreeBuildMethod::kAuto},
+                                                          {"heap", TreeBuildMethod::kHeap},
+                                                          {"threshold", TreeBuildMethod::kThreshold}};
 
 int as_int(int64_t value, const char* op, const char* what) {
   TORCH_CHECK(value <= std::numeric_limits<int>::max(), op, " (CUDA): ", what, " = ", value,
@@ -80,28 +109,9 @@ TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& 
   args.ranks = ranks.mutable_data_ptr<int64_t>();
   args.scores = scores.mutable_data_ptr<float>();
   args.visibility = visibility.mutable_data_ptr<bool>();
+  args.method = env_choice(op, "DDTREE_TREE_BUILD", kTreeBuildMethods).value;
   check_launch(TreeBuild(args, c10::cuda::getCurrentCUDAStream()), op);
   return outputs;
-}
-
-// DDTREE_VERIFY_ATTN_KERNEL: which verify_attn kernel to run (auto when unset); for comparing the kernels.
-struct KernelName {
-  const char* name;
-  VerifyAttnKernel kernel;
-};
-constexpr KernelName kVerifyAttnKernels[] = {{"auto", VerifyAttnKernel::kAuto},
-                                             {"wgmma", VerifyAttnKernel::kWgmma},
-                                             {"mma", VerifyAttnKernel::kMmaSync},
-                                             {"cuda-core", VerifyAttnKernel::kCudaCore}};
-
-KernelName wanted_verify_attn_kernel() {
-  const char* env = std::getenv("DDTREE_VERIFY_ATTN_KERNEL");
-  const std::string value = env == nullptr ? "" : env;
-  for (const KernelName& k : kVerifyAttnKernels) {
-    if (value == k.name || (value.empty() && k.kernel == VerifyAttnKernel::kAuto)) return k;
-  }
-  TORCH_CHECK(false, "verify_attn (CUDA): DDTREE_VERIFY_ATTN_KERNEL=", value,
-              " is not a kernel: use auto, wgmma, mma or cuda-core (or unset it)");
 }
 
 template <typename T>
@@ -123,8 +133,9 @@ cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, 
   args.scale = static_cast<float>(scale);
   args.o_lat = static_cast<T*>(o_lat.mutable_data_ptr());
   args.lse = lse.mutable_data_ptr<float>();
-  const KernelName wanted = wanted_verify_attn_kernel();
-  args.kernel = VerifyAttnResolveKernel(args, wanted.kernel);
+  const Choice<VerifyAttnKernel>& wanted =
+      env_choice("verify_attn", "DDTREE_VERIFY_ATTN_KERNEL", kVerifyAttnKernels);
+  args.kernel = VerifyAttnResolveKernel(args, wanted.value);
   TORCH_CHECK(args.kernel != VerifyAttnKernel::kAuto, "verify_attn (CUDA): DDTREE_VERIFY_ATTN_KERNEL=", wanted.name,
               " cannot run these inputs (", q_lat.scalar_type(), ", R = ", args.lat_dim, ", P = ", args.rope_dim,
               "): wgmma needs an sm_90a build on a compute capability 9.0 GPU and mma one of 8.0 or newer, both "

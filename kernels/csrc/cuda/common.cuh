@@ -30,6 +30,42 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with launch_dependent() may start while the kernel
+// before it on the stream is still running; it must call wait_for_previous_grid() before it reads what that
+// kernel writes (the wait returns once that kernel has finished and its writes are visible). A kernel calls
+// let_dependents_launch() once the next one may start taking SMs. All three are no-ops before sm_90.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             Args... args) {
+  int device = 0;
+  int major = 0;
+  DDTREE_CUDA_TRY(cudaGetDevice(&device));
+  DDTREE_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = major >= 9 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
@@ -59,15 +95,27 @@ __device__ __forceinline__ float key_float(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-// Warp-wide max/min of a uint32 (a single REDUX instruction from sm_80 on).
-__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
+// Warp-wide max, min and sum of an integer: a single REDUX instruction from sm_80 on, shuffles before.
+enum class WarpOp { kMax, kMin, kAdd };
+
+template <WarpOp op, typename T>
+__device__ __forceinline__ T warp_reduce(T v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(kFullMask, v);
+  if constexpr (op == WarpOp::kMax) return __reduce_max_sync(kFullMask, v);
+  if constexpr (op == WarpOp::kMin) return __reduce_min_sync(kFullMask, v);
+  if constexpr (op == WarpOp::kAdd) return __reduce_add_sync(kFullMask, v);
 #else
-  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const T other = __shfl_xor_sync(kFullMask, v, offset);
+    v = op == WarpOp::kMax ? max(v, other) : (op == WarpOp::kMin ? min(v, other) : v + other);
+  }
   return v;
 #endif
 }
+
+__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) { return warp_reduce<WarpOp::kMax>(v); }
+__device__ __forceinline__ uint32_t warp_min_u32(uint32_t v) { return warp_reduce<WarpOp::kMin>(v); }
+__device__ __forceinline__ int warp_sum_i32(int v) { return warp_reduce<WarpOp::kAdd>(v); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
