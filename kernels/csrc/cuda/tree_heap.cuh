@@ -14,11 +14,10 @@ __device__ __forceinline__ uint64_t heap_entry(float score, int depth, int rank,
 }
 
 __device__ __forceinline__ float entry_score(uint64_t entry) { return key_float(static_cast<uint32_t>(entry >> 32)); }
-__device__ __forceinline__ int entry_depth(uint64_t entry) { return static_cast<int>(~static_cast<uint32_t>(entry) >> 21); }
-__device__ __forceinline__ int entry_rank(uint64_t entry) {
-  return static_cast<int>((~static_cast<uint32_t>(entry) >> 11) & 1023u);
-}
-__device__ __forceinline__ int entry_parent(uint64_t entry) { return static_cast<int>(~static_cast<uint32_t>(entry) & 2047u); }
+__device__ __forceinline__ uint32_t entry_tie(uint64_t entry) { return ~static_cast<uint32_t>(entry); }
+__device__ __forceinline__ int entry_depth(uint64_t entry) { return static_cast<int>(entry_tie(entry) >> 21); }
+__device__ __forceinline__ int entry_rank(uint64_t entry) { return static_cast<int>((entry_tie(entry) >> 11) & 1023u); }
+__device__ __forceinline__ int entry_parent(uint64_t entry) { return static_cast<int>(entry_tie(entry) & 2047u); }
 // The root's entry: score 0.
 __device__ __forceinline__ uint64_t root_entry() { return static_cast<uint64_t>(float_key(0.0f)) << 32; }
 

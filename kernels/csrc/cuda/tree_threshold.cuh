@@ -4,12 +4,13 @@
 // come after it in the heap's order, so best-first pops the nodes in that order, and the B pops are the B
 // first nodes of the whole (implicit) tree. So: take a score threshold t that at least B nodes reach, list
 // every node with score >= t level by level (a node below t has no descendant above it), sort the list in
-// the heap's order and keep the first B. The threshold starts at the B-th best score of the nodes one rank
-// off the rank-0 path (they are real nodes, so at least B reach it). Where a level would overflow the list,
-// the threshold rises to the B-th best score in hand, the nodes below it go, and the level is redone.
-// Exact ties of (score, depth, rank) are ordered by the parent's position, depth by depth, as the heap does.
-// Returns -1 where it does not apply (a positive logprob) or gives up (kThresholdMaxRaises raises, or more
-// nodes tied at the threshold than the list holds): the caller then runs the heap, which gives the same tree.
+// the heap's order and keep the first B. The threshold starts at a score that B to 1.25 B of the nodes one
+// rank off the rank-0 path reach (they are real nodes, so at least B reach it). Where a level would overflow
+// the list, the threshold rises to the B-th best score in hand, the nodes below it go, and the level is
+// redone. Exact ties of (score, depth, rank) are ordered by the parent's position, depth by depth, as the
+// heap does. Returns -1 where it does not apply (a positive logprob) or gives up (kThresholdMaxRaises raises,
+// or more nodes tied at the threshold than the list holds): the caller then runs the heap, which gives the
+// same tree.
 #pragma once
 
 #include "block_select.cuh"
@@ -38,6 +39,7 @@ __host__ __device__ constexpr int threshold_capacity(int budget) {
   while (capacity < 4 * budget) capacity *= 2;
   return capacity;
 }
+static_assert(threshold_capacity(kTreeBuildMaxBudget) == kThresholdMaxNodes, "the largest list");
 
 __host__ __device__ constexpr size_t threshold_smem_bytes(int budget, int num_rows) {
   const size_t capacity = threshold_capacity(budget);
