@@ -13,6 +13,8 @@
 //      and itself). The tree comes from the threshold build (tree_threshold.cuh: every node above a score
 //      threshold listed level by level in parallel, then sorted), or, where that does not apply (a positive
 //      logprob) or gives up, from the heap (tree_heap.cuh: B serial pops on one warp).
+// Kernels 2 and 3 are launched as programmatic dependents (sm_90): each starts while the one before it drains
+// and waits for it only where it reads its results.
 // Candidates are ordered by a 64-bit key, (order-preserving float key << 32) | ~token, so ties go to the
 // lower token as in the CPU op, and the heap's total order (score, then lower depth, rank, parent) is one
 // 64-bit key too. The result equals the CPU op's, ties included, whichever way the tree is built. Where
