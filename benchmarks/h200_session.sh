@@ -16,7 +16,7 @@ if [ "$mode" != bench ]; then
   ( time python3 -m engine verify --device cuda ) 2>&1 | tee -a "$OUT/gpu_check.log"
   timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
     tests/test_ops_cuda.py -k "tiny or odd or small-tree or prefill or accept or compact or special or nan or \
-    (with_ties and 512) or threshold" 2>&1 | tail -4 | tee "$OUT/memcheck.log"
+    (with_ties and 512) or threshold_build_orders_tied or positive" 2>&1 | tail -4 | tee "$OUT/memcheck.log"
   timeout 150 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
     tests/test_ops_cuda.py -k "verify_attn and (tiny or prefill or causal-after) or tree_build_equals_cpu_op_on or \
     threshold_build_orders_tied" \
