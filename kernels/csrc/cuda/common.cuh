@@ -82,12 +82,14 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
          (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+
 // Order-preserving map float -> uint32: a < b (as floats) iff key(a) < key(b). -0.0 maps like +0.0 (they
 // compare equal as floats) and NaN like -inf, so equal floats get equal keys. key(-inf) = 0x007fffff > 0,
 // which leaves 0 free as an "empty" sentinel below every value. Three instructions: x + 0 turns -0.0 into
 // +0.0, the max with -inf turns NaN into -inf (fmaxf returns the other operand), then the sign flip.
 __device__ __forceinline__ uint32_t float_key(float x) {
-  const uint32_t bits = __float_as_uint(fmaxf(__fadd_rn(x, 0.0f), -__int_as_float(0x7f800000)));
+  const uint32_t bits = __float_as_uint(fmaxf(__fadd_rn(x, 0.0f), neg_inf()));
   return bits ^ (static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u);
 }
 

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kSelectThreads) tree_select_kernel(SelectArgs 
       out.parents[n] = -1;
       out.depths[n] = 0;
       out.ranks[n] = 0;
-      out.scores[n] = n == 0 ? 0.0f : -__int_as_float(0x7f800000);
+      out.scores[n] = n == 0 ? 0.0f : neg_inf();
       vis_row[n] = true;
     }
   }

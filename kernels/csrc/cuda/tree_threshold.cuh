@@ -106,7 +106,7 @@ __device__ __forceinline__ int slot_owner(const int32_t* offsets, int num, int j
 template <typename KeyAt>
 __device__ float budget_th_score(const KeyAt& key_at, int n, int budget, RadixState& radix) {
   const float tau = key_float(static_cast<uint32_t>(select_threshold(key_at, n, budget, radix) >> 32));
-  return tau == tau ? tau : -__int_as_float(0x7f800000);  // a partial radix prefix may decode to NaN
+  return tau == tau ? tau : neg_inf();  // a partial radix prefix may decode to NaN
 }
 
 // The first threshold: a score that between B and 1.25 B (or as close as kThresholdRounds allow) of the nodes
@@ -126,7 +126,7 @@ __device__ inline float first_threshold(const float* lp, int num_rows, int k, in
     }
   }
   __syncthreads();
-  if (num_rows * k <= budget) return -__int_as_float(0x7f800000);
+  if (num_rows * k <= budget) return neg_inf();
   const bool has_row = lane < num_rows;
   const float path_score = has_row ? t.path_scores[lane] : 0.0f;
   // All num_rows * k nodes reach lo; none reaches hi (above the best, the rank-0 node at depth 1).

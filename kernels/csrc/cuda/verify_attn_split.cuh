@@ -14,8 +14,6 @@ constexpr int kMaxSplits = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
-
 // Per block: the rows [begin, end) of the visible range [0, prefix_len + N) that this split covers.
 struct SplitRows {
   int prefix;
@@ -102,12 +100,20 @@ __device__ __forceinline__ bool row_visible(const SplitRows& rows, const bool* m
   return u < rows.end && (u < rows.prefix || mask_row[u - rows.prefix]);
 }
 
-// A tensor-core tile's split that starts past the visible rows (only with several splits): its rows saw
-// nothing, which the combine step reads from (max, sum) = (-inf, 0).
+// The cache rows of a tensor-core block (query tile blockIdx.x of q_rows rows, split blockIdx.y, in tiles of
+// kv_rows). A split that starts past the visible rows (only with several splits) comes back empty, its query
+// rows marked as having seen nothing: (max, sum) = (-inf, 0), which the combine step reads.
 template <typename T>
-__device__ __forceinline__ void mark_tile_split_empty(const VerifyAttnArgs<T>& a, int split, int row0, int tile_rows) {
-  const int num_rows = a.num_nodes * a.num_heads;
-  for (int r = threadIdx.x; r < tile_rows && row0 + r < num_rows; r += blockDim.x) store_ml(a, split, row0 + r, neg_inf(), 0.0f);
+__device__ __forceinline__ SplitRows tile_split_rows(const VerifyAttnArgs<T>& a, int q_rows, int kv_rows) {
+  const SplitRows rows = split_rows(a, blockIdx.y, kv_rows);
+  if (rows.begin >= rows.end) {
+    const int num_rows = a.num_nodes * a.num_heads;
+    const int row0 = blockIdx.x * q_rows;
+    for (int r = threadIdx.x; r < q_rows && row0 + r < num_rows; r += blockDim.x) {
+      store_ml(a, blockIdx.y, row0 + r, neg_inf(), 0.0f);
+    }
+  }
+  return rows;
 }
 
 }  // namespace ddtree::cuda

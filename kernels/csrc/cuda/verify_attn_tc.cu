@@ -77,11 +77,8 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_mma_kernel(VerifyAttn
   const int num_q = a.num_nodes * a.num_heads;
   const int row0 = blockIdx.x * kRowsQ;
   const int split = blockIdx.y;
-  const SplitRows rows = split_rows(a, split, kRowsKv);
-  if (rows.begin >= rows.end) {  // a split past the visible rows (only with several splits)
-    mark_tile_split_empty(a, split, row0, kRowsQ);
-    return;
-  }
+  const SplitRows rows = tile_split_rows(a, kRowsQ, kRowsKv);
+  if (rows.begin >= rows.end) return;
 
   load_tile(s_q, a.q_lat, a.q_pe, row0, num_q);
   load_tile(s_kv_base, a.ckv, a.kpe, rows.begin, rows.end);

@@ -101,12 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAt
   const int num_q = a.num_nodes * a.num_heads;
   const int row0 = blockIdx.x * kRows;
   const int split = blockIdx.y;
-  const SplitRows rows = split_rows(a, split, kRows);
-
-  if (rows.begin >= rows.end) {  // a split past the visible rows (only with several splits)
-    mark_tile_split_empty(a, split, row0, kRows);
-    return;
-  }
+  const SplitRows rows = tile_split_rows(a, kRows, kRows);
+  if (rows.begin >= rows.end) return;
 
   const uint32_t q_addr = smem_addr(s_q);
   load_tile<kThreads>(q_addr, a.q_lat, a.q_pe, row0, num_q, threadIdx.x);
