@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from greedy import FLOAT32_NEAR_TIE, assert_greedy_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -132,10 +133,10 @@ def test_ddtree_equals_ar_on_random_models(c, seed, budget, block_size, noise):
     model = TargetModel.from_checkpoint(ckpt)
     dcfg = DecodeConfig(budget=budget, block_size=block_size, max_new_tokens=10)
     ar = decode(ckpt, prompt, dcfg, "ar", model=model)
-    golden, _ = reference.greedy_generate(cfg, weights, prompt, 10)
-    assert ar.tokens == golden.tolist()
+    golden, golden_logits = reference.greedy_generate(cfg, weights, prompt, 10)
+    assert_greedy_equal(golden.tolist(), golden_logits, ar.tokens)
     dd = decode(ckpt, prompt, dcfg, "ddtree", noise=noise, drafter_seed=seed, model=model)
-    assert dd.tokens == ar.tokens
+    assert_greedy_equal(ar.tokens, ar.logits, dd.tokens)
 
 
 def test_prompt_errors(tiny):
@@ -176,3 +177,21 @@ def test_nan_draft_gives_a_clear_error(tiny):
     dec = DDTreeDecoder(model, ckpt.prompt.tolist(), DecodeConfig(), drafter)
     with pytest.raises((DecodeError, RuntimeError), match="NaN"):
         dec.run()
+
+
+def test_greedy_equal_forgives_only_a_near_tie():
+    rng = np.random.default_rng()
+    logits = rng.normal(size=(6, 50))
+    expected = logits.argmax(-1).tolist()
+    at = int(rng.integers(6))
+    runner_up = int(np.argsort(logits[at])[-2])
+    actual = expected[:at] + [runner_up] + rng.integers(0, 50, 5 - at).tolist()
+    for gap, forgiven in ((FLOAT32_NEAR_TIE / 10, True), (FLOAT32_NEAR_TIE * 10, False)):
+        logits[at, runner_up] = logits[at].max() - gap
+        if forgiven:
+            assert_greedy_equal(expected, logits, actual)
+        else:
+            with pytest.raises(AssertionError, match=f"token {at}: {runner_up} where the reference chose"):
+                assert_greedy_equal(expected, logits, actual)
+    with pytest.raises(AssertionError, match="5 tokens, expected 6"):
+        assert_greedy_equal(expected, logits, expected[:5])
