@@ -12,6 +12,9 @@ namespace ddtree::cuda {
 namespace {
 
 constexpr int kSelectThreads = kThresholdThreads;
+// Below this budget `auto` pops the heap: the threshold build's fixed cost (the first threshold's search, a
+// pass per level, the sort) outweighs B serial pops (H200, V = 163840: 29.7 vs 24.5 us at B = 16, even at 64).
+constexpr int kThresholdMinBudget = 64;
 
 struct SelectArgs {
   TopKResult topk;  // [rows, k] logprobs and tokens
@@ -50,9 +53,10 @@ __global__ void __launch_bounds__(kSelectThreads) tree_select_kernel(SelectArgs 
   for (int i = threadIdx.x; i < args.num_rows * k; i += blockDim.x) logprobs[i] = args.topk.logprobs[i];
   __syncthreads();
 
-  int num_popped = out.method == TreeBuildMethod::kHeap
-                       ? -1
-                       : threshold_build(logprobs, args.num_rows, k, budget, heap.popped, threshold, threshold_shared);
+  const bool heap_only = out.method == TreeBuildMethod::kHeap ||
+                         (out.method == TreeBuildMethod::kAuto && budget < kThresholdMinBudget);
+  int num_popped =
+      heap_only ? -1 : threshold_build(logprobs, args.num_rows, k, budget, heap.popped, threshold, threshold_shared);
   if (num_popped < 0 && out.method == TreeBuildMethod::kThreshold) num_popped = 0;
   if (num_popped < 0 && threadIdx.x < kWarpSize) {
     const int n = run_best_first(heap, logprobs, args.num_rows, k, budget);
