@@ -1,5 +1,6 @@
 // Warp-level tensor-core and async-copy primitives (sm_80+ PTX) for the bfloat16 verify_attn path.
-// Included by verify_attn.cu only. Shared-memory operands are generic pointers into shared memory.
+// Included by the tensor-core kernels (verify_attn_tc.cu, verify_attn_wgmma.cu). Shared-memory operands are
+// generic pointers into shared memory.
 //
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, q = lane % 4), each 32-bit register two bf16, low half
 // first: A (16 x 16, row-major) a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..), a3 (g+8, 2q+8..);
@@ -10,6 +11,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "common.cuh"
 
 namespace ddtree::cuda {
 
@@ -55,6 +58,17 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A row of a C/D fragment lives in a quad of lanes (q = lane % 4): its max and sum over the quad.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kFullMask, v, 1);
+  return v + __shfl_xor_sync(kFullMask, v, 2);
 }
 
 }  // namespace ddtree::cuda

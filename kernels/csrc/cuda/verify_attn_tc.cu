@@ -158,8 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_mma_kernel(VerifyAttn
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 2));
+      mx[h] = quad_max(mx[h]);
       if (q4 == 0) s_max[ch * kRowsQ + s_row[h]] = mx[h];
     }
     __syncthreads();
@@ -226,9 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_mma_kernel(VerifyAttn
   // Row sums: across the quad, then the two column halves through shared memory.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(kFullMask, l, 1);
-    l += __shfl_xor_sync(kFullMask, l, 2);
+    const float l = quad_sum(l_run[h]);
     if (q4 == 0) {
       s_sum[ch * kRowsQ + s_row[h]] = l;
       if (ch == 0) s_mfin[s_row[h]] = m_run[h];

@@ -168,8 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAt
       float m_safe[2], alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 2));
+        mx[h] = quad_max(mx[h]);
         const float m_new = fmaxf(m_run[h], mx[h]);
         m_safe[h] = m_new == neg_inf() ? 0.0f : m_new;
         alpha[h] = exp2f(m_run[h] - m_safe[h]);
@@ -233,9 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAt
   if (group == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = l_run[h];
-      l += __shfl_xor_sync(kFullMask, l, 1);
-      l += __shfl_xor_sync(kFullMask, l, 2);
+      const float l = quad_sum(l_run[h]);
       if (q4 == 0) {
         s_sum[row_lo + 8 * h] = l;
         s_max[row_lo + 8 * h] = m_run[h];
