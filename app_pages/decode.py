@@ -1,4 +1,4 @@
-"""Decode: step through DDTree and inspect each step's tree, mask, accepted path and timings."""
+"""Decode: step through DDTree (or the chain) and inspect each step's tree, mask, accepted path and timings."""
 import streamlit as st
 
 from profiling.figures import mask_figure, tree_figure
@@ -6,7 +6,7 @@ from ui import state, views
 
 s = state.settings()
 st.title("Decode")
-st.caption(f"{s.model} · prompt of {len(s.prompt)} tokens · {s.drafter} drafter, noise {s.noise:g} · "
+st.caption(f"{s.model} · prompt of {len(s.prompt)} tokens · {s.drafter.label()} drafter · {s.stepped_mode} · "
            f"B = {s.budget}, block size {s.block_size} · {s.device} {s.dtype}")
 
 reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], vertical_alignment="bottom")

@@ -1,25 +1,29 @@
 """Profile: where a step's time goes, AR vs DDTree speed, acceptance, and the best budget for this model."""
 import streamlit as st
 
-from engine.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
+from engine.records import MODE_LABELS
 from profiling.charts import acceptance_figure, position_figure
-from profiling.metrics import kernel_table, summarize
+from profiling.metrics import kernel_table, summarize_runs
+from profiling.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
 from ui import charts, state, views
 
 st.title("Profile")
-if st.button("Re-run AR + DDTree", icon=":material/refresh:", help="Decode again and re-measure."):
-    state.forget_pair()
-ar, dd = state.pair()
-summary = summarize(ar, dd)
-c1, c2, c3, c4 = st.columns(4)
-c1.metric("AR tokens/s", views.number(summary["ar_tokens_per_s"], ".1f"))
-c2.metric("DDTree tokens/s", views.number(summary["ddtree_tokens_per_s"], ".1f"))
-c3.metric("Speedup", views.number(summary["speedup"], ".2f", "x"))
-c4.metric("tau (tokens per DDTree step)", views.number(summary["tau"], ".2f"))
+if st.button("Re-run", icon=":material/refresh:", help="Decode AR and the speculative runs again and re-measure."):
+    state.forget_runs()
+runs = state.runs()
+summaries = summarize_runs(runs)
+first = next(iter(summaries.values()))
+columns = st.columns(1 + len(summaries))
+columns[0].metric("AR tokens/s", views.number(first["ar_tokens_per_s"], ".1f"))
+for col, (mode, summary) in zip(columns[1:], summaries.items(), strict=True):
+    label = MODE_LABELS[mode]
+    col.metric(f"{label} tokens/s", views.number(summary["tokens_per_s"], ".1f"),
+               delta=f"{views.number(summary['speedup'], '.2f', 'x')} speedup, tau "
+                     f"{views.number(summary['tau'], '.2f')}", delta_color="off")
 
 st.subheader("Per-kernel timings")
-mode = st.radio("Run", ["DDTree", "AR"], key="profile_run", horizontal=True)
-run = dd if mode == "DDTree" else ar
+labels = {MODE_LABELS[m]: m for m in reversed(runs)}
+run = runs[labels[st.radio("Run", list(labels), key="profile_run", horizontal=True)]]
 table = [{"range": "\u2003" * r["depth"] + r["name"].removeprefix("step/"), **{k: r[k] for k in (
     "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "share")}} for r in kernel_table(run)]
 st.dataframe(table, hide_index=True, width="stretch", height="content",
@@ -30,10 +34,11 @@ st.plotly_chart(charts.kernel_bars(run), width="stretch")
 index = st.selectbox("Timeline of step", range(run.num_steps), key="timeline_step")
 st.plotly_chart(charts.step_timeline(run.steps[index]), width="stretch")
 
-st.subheader("Acceptance (DDTree)")
-hist_col, position_col = st.columns(2)
-hist_col.plotly_chart(acceptance_figure(summary), width="stretch")
-position_col.plotly_chart(position_figure(summary), width="stretch")
+st.subheader("Acceptance")
+for summary in summaries.values():
+    hist_col, position_col = st.columns(2)
+    hist_col.plotly_chart(acceptance_figure(summary), width="stretch")
+    position_col.plotly_chart(position_figure(summary), width="stretch")
 
 st.subheader("Budget sweep")
 st.caption("The same prompt decoded with DDTree at each budget B; the fastest B per generated token is starred. "

@@ -1,7 +1,8 @@
-"""Report: the export files of the current AR + DDTree pair, written by the same exporters as the CLI."""
+"""Report: the export files of the current runs (AR, then chain and/or DDTree), written by the CLI's exporters."""
 import streamlit as st
 
-from profiling.metrics import summarize
+from engine.records import MODE_LABELS
+from profiling.metrics import summarize_runs
 from profiling.report import render
 from ui import state, views
 
@@ -14,17 +15,17 @@ FORMATS = {
 }
 
 st.title("Report")
-st.caption("Everything below comes from one AR run and one DDTree run of the sidebar's settings "
-           "(the same pair the Profile and Compare pages show); `python -m engine run` writes the same files.")
-ar, dd = state.pair()
-if st.session_state.reports is None:  # rendered once per pair
+st.caption("Everything below comes from the runs of the sidebar's settings (the same runs the Profile and "
+           "Compare pages show); `python -m engine run` writes the same files.")
+runs = state.runs()
+if st.session_state.reports is None:  # rendered once per set of runs
     with st.spinner("Rendering the reports..."):
-        st.session_state.reports = {name: render(ar, dd, name) for name in FORMATS}
+        st.session_state.reports = {name: render(runs, name) for name in FORMATS}
 files = st.session_state.reports
-summary = summarize(ar, dd)
-exact, sentence = views.verdict(summary)
-st.markdown(f"{sentence} tau {views.number(summary['tau'], '.2f')} tokens per DDTree step, "
-            f"speedup {views.number(summary['speedup'], '.2f', 'x')} over AR.")
+for summary in summarize_runs(runs).values():
+    exact, sentence = views.verdict(summary)
+    st.markdown(f"{sentence} tau {views.number(summary['tau'], '.2f')} tokens per {MODE_LABELS[summary['mode']]} "
+                f"step, speedup {views.number(summary['speedup'], '.2f', 'x')} over AR.")
 for name, (mime, what) in FORMATS.items():
     button_col, text_col = st.columns([1, 4], vertical_alignment="center")
     button_col.download_button(name, files[name], file_name=name, mime=mime, on_click="ignore",

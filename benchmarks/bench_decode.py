@@ -30,10 +30,10 @@ import torch
 
 from engine.config import DecodeConfig, ModelConfig
 from engine.decode import ARDecoder, DDTreeDecoder, Decoder
-from engine.drafters import OracleDrafter
+from engine.drafters.oracle import OracleDrafter
 from engine.model import TargetModel
+from engine.timers import StepTimer
 from engine.weights import lm_head_name, weight_shapes
-from profiling.timers import StepTimer
 
 from .common import (
     Column,
@@ -246,7 +246,7 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
     ar = measure_decoder(lambda graph: ARDecoder(model, prompt, ar_cfg, cuda_graph=graph), plan, cuda)
     rows = [{"mode": "AR", "budget": 0, "noise": None, **ar}]
     for noise in plan.noises:
-        drafter = OracleDrafter(continuation, cfg.vocab_size, noise=noise, seed=0,
+        drafter = OracleDrafter(continuation, cfg.vocab_size, plan.block_size - 1, noise=noise, seed=0,
                                 num_positions=plan.max_new_tokens + plan.block_size, device=device)
         for budget in plan.budgets:
             make = functools.partial(ddtree_decoder, model, prompt, decode_cfg(budget, plan.max_new_tokens), drafter)

@@ -14,13 +14,18 @@ import numpy as np
 import torch
 
 from kernels import ops
-from profiling.timers import StepTimer
 
 from .cache import LatentCache
 from .config import DecodeConfig
 from .drafters import Drafter
 from .model import TargetModel
-from .records import RunRecord, StepRecord, TreeRecord
+from .records import MODES, RunRecord, StepRecord, TreeRecord
+from .timers import StepTimer
+from .trees import chain_tree, root_tree
+
+# The stages of a step, in the order they run: each is a StepTimer range "step/<stage>". draft and
+# draft_update are the drafter's (its proposal, and taking in the accepted nodes); AR has neither.
+STAGES = ("draft", "tree_build", "verify", "tree_accept", "kv_compact", "commit", "draft_update")
 
 
 class DecodeError(ValueError):
@@ -42,22 +47,27 @@ class _StepTensors:
 
 
 class Decoder:
-    """Greedy decoding of one prompt. drafter=None is AR: a tree of just the root (budget 0)."""
+    """Decoding of one prompt in one mode: "ar" (no drafter: a tree of just the root), "chain" (the drafter's
+    top-1 token per depth, L + 1 nodes) or "ddtree" (the best-first tree of B + 1 nodes)."""
 
-    def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig,
+    def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig, mode: str = "ar",
                  drafter: Drafter | None = None, timer: StepTimer | None = None, cuda_graph: bool = False) -> None:
+        if mode not in MODES:
+            raise DecodeError(f"mode={mode!r}: expected one of {MODES}")
+        if (drafter is None) != (mode == "ar"):
+            raise DecodeError(f"mode {mode!r} {'takes no' if mode == 'ar' else 'needs a'} drafter")
         if cuda_graph and model.device.type != "cuda":
             raise DecodeError("cuda_graph=True needs the model on a CUDA device")
-        self.model, self.cfg, self.drafter = model, cfg, drafter
+        self.model, self.cfg, self.drafter, self.mode = model, cfg, drafter, mode
         self.cuda_graph = cuda_graph
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_out: _StepTensors | None = None
-        self.mode = "ar" if drafter is None else "ddtree"
-        self.budget = 0 if drafter is None else cfg.budget
-        self.depth = 0 if drafter is None else cfg.num_draft_positions  # L
+        self.depth = 0 if mode == "ar" else cfg.num_draft_positions  # L
+        self.num_nodes = {"ar": 1, "chain": self.depth + 1, "ddtree": cfg.budget + 1}[mode]
+        self.hidden_layers = () if drafter is None else check_hidden_layers(drafter, model)
         self.timer = timer or StepTimer(model.device, enabled=False)
         self.prompt = validate_prompt(prompt, model.cfg.vocab_size)
-        self.capacity = check_room(len(self.prompt), cfg, model)
+        self.capacity = check_room(len(self.prompt), cfg, model, self.num_nodes)
         mcfg, dev = model.cfg, model.device
         self.cache = LatentCache(mcfg.num_hidden_layers, self.capacity, mcfg.kv_lora_rank, mcfg.qk_rope_head_dim,
                                  dev, model.dtype)
@@ -77,34 +87,41 @@ class Decoder:
         n = len(self.prompt)
         tokens = torch.tensor(self.prompt, dtype=torch.int64, device=dev)
         causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-        logits = self.model.forward(tokens, torch.arange(n, device=dev), causal, self.cache)
+        logits, hidden = self.model.forward(tokens, torch.arange(n, device=dev), causal, self.cache,
+                                            hidden_layers=self.hidden_layers)
         self.cache.prefix_len.fill_(n)
         root = logits[-1].argmax()
         self.generated[0] = root
         self.num_generated.fill_(1)
         self.root.copy_(root)
         check_finite(logits[-1], "prefill")
+        if self.drafter is not None:
+            self.drafter.begin(tokens, hidden)
         self.first_token = int(root)
         self.tokens = [self.first_token]
         self.logits_rows.append(logits[-1].cpu().numpy())
         self.prefill_ns = time.perf_counter_ns() - start
 
+    def _draft(self) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """The step's tree (and the draft it came from; None for AR)."""
+        t = self.timer
+        if self.drafter is None:
+            return root_tree(self.root), None
+        with t.range("draft"):
+            draft = self.drafter.propose(self.root, self.num_generated)
+        check_draft(draft, self.depth, self.model, self.drafter.name, len(self.steps))
+        with t.range("tree_build"):
+            if self.mode == "chain":
+                return chain_tree(draft, self.root), draft
+            return ops.tree_build(draft, self.root, self.cfg.budget), draft
+
     def _step_tensors(self) -> _StepTensors:
         t, dev = self.timer, self.model.device
         prefix_len = self.cache.prefix_len.clone()
-        draft = None
-        if self.drafter is None:
-            tree = (self.root.clone().view(1), torch.full((1,), -1, dtype=torch.int64, device=dev),
-                    torch.zeros(1, dtype=torch.int64, device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
-                    torch.zeros(1, dtype=torch.float32, device=dev), torch.ones(1, 1, dtype=torch.bool, device=dev))
-        else:
-            with t.range("draft"):
-                draft = self.drafter.propose(self.generated, self.num_generated, self.depth)
-            with t.range("tree_build"):
-                tree = ops.tree_build(draft, self.root, self.budget)
+        tree, draft = self._draft()
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
-            logits = self.model.forward(tokens, depths, visibility, self.cache, t)
+            logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers)
             target = logits.argmax(-1)
         with t.range("tree_accept"):
             path, path_len, bonus = ops.tree_accept(tokens, parents, target, self.depth)
@@ -117,6 +134,9 @@ class Decoder:
             self.generated.index_put_((slots,), target[path.clamp(min=0)])
             self.num_generated.add_(path_len)
             self.root.copy_(bonus)
+        if self.drafter is not None:
+            with t.range("draft_update"):
+                self.drafter.commit(path, path_len, hidden)
         return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft)
 
     def advance(self) -> _StepTensors:
@@ -200,11 +220,11 @@ class Decoder:
 
 
 class ARDecoder(Decoder):
-    """Plain greedy decoding: every step verifies the root alone and commits one token."""
+    """Plain autoregressive decoding: every step verifies the root alone and commits one token."""
 
     def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig,
                  timer: StepTimer | None = None, cuda_graph: bool = False) -> None:
-        super().__init__(model, prompt, cfg, None, timer, cuda_graph)
+        super().__init__(model, prompt, cfg, "ar", None, timer, cuda_graph)
 
 
 class DDTreeDecoder(Decoder):
@@ -212,7 +232,7 @@ class DDTreeDecoder(Decoder):
 
     def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig, drafter: Drafter,
                  timer: StepTimer | None = None, cuda_graph: bool = False) -> None:
-        super().__init__(model, prompt, cfg, drafter, timer, cuda_graph)
+        super().__init__(model, prompt, cfg, "ddtree", drafter, timer, cuda_graph)
 
 
 def validate_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
@@ -225,8 +245,8 @@ def validate_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
     return ids
 
 
-def check_room(prompt_len: int, cfg: DecodeConfig, model: TargetModel) -> int:
-    """Cache rows a decode needs; raises if its positions exceed the model's context."""
+def check_room(prompt_len: int, cfg: DecodeConfig, model: TargetModel, num_nodes: int) -> int:
+    """Cache rows a decode of trees of num_nodes needs; raises if its positions exceed the model's context."""
     last_position = prompt_len + cfg.max_new_tokens + cfg.block_size
     limit = model.cos.shape[0]
     if last_position > limit:
@@ -234,7 +254,29 @@ def check_room(prompt_len: int, cfg: DecodeConfig, model: TargetModel) -> int:
             f"prompt of {prompt_len} tokens + max_new_tokens {cfg.max_new_tokens} + block_size {cfg.block_size} "
             f"needs {last_position} positions, more than the cache's {limit} (max_position_embeddings): "
             "shorten the prompt or lower max_new_tokens")
-    return prompt_len + cfg.max_new_tokens + cfg.block_size + cfg.budget + 1
+    return prompt_len + cfg.max_new_tokens + cfg.block_size + num_nodes
+
+
+def check_hidden_layers(drafter: Drafter, model: TargetModel) -> tuple[int, ...]:
+    layers = tuple(drafter.hidden_layers)
+    bad = [i for i in layers if not 0 <= i < model.cfg.num_hidden_layers]
+    if bad:
+        raise DecodeError(f"drafter {drafter.name!r} asks for the hidden states of target layer(s) {bad}, but the "
+                          f"target has layers 0..{model.cfg.num_hidden_layers - 1}")
+    return layers
+
+
+def check_draft(draft: torch.Tensor, depth: int, model: TargetModel, name: str, step: int) -> None:
+    """A proposal's shape, dtype and device (metadata only: no host sync), and on the CPU its values."""
+    want = (depth, model.cfg.vocab_size)
+    if not isinstance(draft, torch.Tensor) or tuple(draft.shape) != want or draft.dtype != torch.float32 \
+            or draft.device != model.device:
+        got = (f"{tuple(draft.shape)} {draft.dtype} on {draft.device}" if isinstance(draft, torch.Tensor)
+               else type(draft).__name__)
+        raise DecodeError(f"step {step}: drafter {name!r} proposed {got}; expected float32 log-probabilities "
+                          f"{want} (L = block_size - 1 positions by the vocabulary) on {model.device}")
+    if draft.device.type == "cpu" and bool(torch.isnan(draft).any()):  # on CUDA: checked in the step's record
+        raise DecodeError(f"step {step}: the drafter returned NaN log-probabilities")
 
 
 def check_finite(logits: torch.Tensor, where: str) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .config import DecodeConfig
+from .drafters import DrafterSpec
 from .kdtr import read_kdtr
 from .model import TargetModel
 from .session import decode
@@ -29,7 +30,8 @@ def _decode_checks(fixture: str) -> list[tuple[str, bool, str]]:
         model = TargetModel.from_checkpoint(ckpt, "cuda", dtype)
         cfg = DecodeConfig(budget=64, block_size=8, max_new_tokens=len(golden), device="cuda", dtype=dtype)
         ar = decode(ckpt, prompt, cfg, "ar", model=model)
-        dds = [decode(ckpt, prompt, cfg, "ddtree", noise=noise, drafter_seed=1, model=model) for noise in (0.0, 0.5)]
+        dds = [decode(ckpt, prompt, cfg, "ddtree", DrafterSpec(noise=noise, seed=1), model=model)
+               for noise in (0.0, 0.5)]
         runs[dtype] = ar
         same = all(dd.tokens == ar.tokens for dd in dds)
         if dtype == "float32":

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import ops
-from profiling.timers import StepTimer
 
 from .cache import LatentCache
 from .checkpoint import Checkpoint
 from .config import LATENT_NORM_EPS, ModelConfig
 from .rope import rope_tables
+from .timers import StepTimer
 from .weights import lm_head_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -111,11 +111,15 @@ class TargetModel:
             layer["shared"] = tuple(w[f"{p}.mlp.shared_experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
         return layer
 
-    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, block_mask: torch.Tensor,
-                cache: LatentCache, timer: StepTimer = _NULL_TIMER) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, block_mask: torch.Tensor, cache: LatentCache,
+                timer: StepTimer = _NULL_TIMER, hidden_layers: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, depths [N]; block_mask [N, N] bool. Node i sits at position prefix_len + depths[i] and
-        its KV lands in cache row prefix_len + i. Returns float32 logits [N, V]."""
+        its KV lands in cache row prefix_len + i. Returns float32 logits [N, V] and, when hidden_layers names
+        layers, their outputs concatenated in that order [N, len(hidden_layers) * hidden] (transformers'
+        hidden_states[i + 1] for layer i), else None."""
         cfg = self.cfg
+        captured: dict[int, torch.Tensor] = {}
         with timer.range("embed"):
             x = self.embed[tokens]  # [N, hidden]
             positions = cache.prefix_len + depths
@@ -131,8 +135,11 @@ class TargetModel:
             else:
                 with timer.range(f"layer{i}/mlp"):
                     x = x + swiglu(ffn_in, *layer["mlp"])
+            if i in hidden_layers:
+                captured[i] = x
+        hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         with timer.range("lm_head"):
-            return F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head).float()
+            return F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head).float(), hidden
 
     def _attention(self, i: int, a: _Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    block_mask: torch.Tensor, cache: LatentCache, timer: StepTimer) -> torch.Tensor:

@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# What a run decoded with: "ar" (plain autoregressive), "chain" (the drafter's top-1 token per depth) or
+# "ddtree" (the best-first tree).
+MODES = ("ar", "chain", "ddtree")
+MODE_LABELS = {"ar": "AR", "chain": "chain", "ddtree": "DDTree"}
+
 
 @dataclass(slots=True)
 class TreeRecord:
@@ -35,7 +40,7 @@ class StepRecord:
     """One decode step (AR: a tree of just the root)."""
 
     index: int
-    mode: str  # "ar" | "ddtree"
+    mode: str  # one of MODES
     prefix_len: int  # cache rows before the step (= position of the root)
     tree: TreeRecord
     target: list[int]  # target model's argmax at each node

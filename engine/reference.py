@@ -182,6 +182,7 @@ def moe(cfg: ModelConfig, weights: dict[str, np.ndarray], prefix: str, x: np.nda
 class ForwardTrace:
     logits: np.ndarray  # [T, V] float64
     routed: dict[int, np.ndarray]  # MoE layer -> experts chosen per token [T, k]
+    hidden: list[np.ndarray]  # [T, D] output of each layer (transformers' hidden_states[i + 1] for layer i)
 
 
 def _checked_tokens(cfg: ModelConfig, tokens: Sequence[int]) -> np.ndarray:
@@ -214,7 +215,7 @@ def run_model(cfg: ModelConfig, weights: dict[str, np.ndarray], tokens: Sequence
     w = _float64_weights(cfg, weights)
     cos, sin = rope_tables(cfg, ids.size)
     x = w["model.embed_tokens.weight"][ids]  # [T, D]
-    routed = {}
+    routed, hidden = {}, []
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}"
         h = rms_norm(x, w[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps)
@@ -225,8 +226,9 @@ def run_model(cfg: ModelConfig, weights: dict[str, np.ndarray], tokens: Sequence
         else:
             ffn = swiglu_mlp(w, f"{p}.mlp", h)
         x = x + ffn
+        hidden.append(x)
     x = rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
-    return ForwardTrace(logits=x @ w[lm_head_name(cfg)].T, routed=routed)
+    return ForwardTrace(logits=x @ w[lm_head_name(cfg)].T, routed=routed, hidden=hidden)
 
 
 def forward_logits(cfg: ModelConfig, weights: dict[str, np.ndarray], tokens: Sequence[int]) -> np.ndarray:

@@ -1,25 +1,26 @@
-"""Convenience entry points shared by the CLI, the dashboard and the tests: build a decoder, run a
-decode, run AR and DDTree side by side, parse a typed prompt."""
+"""Entry points shared by the CLI, the dashboard and the tests: build a decoder, run a decode, run AR and the
+speculative modes side by side, parse a typed prompt."""
 from __future__ import annotations
 
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
 
-from profiling.timers import StepTimer
-
 from .checkpoint import Checkpoint
 from .config import DecodeConfig
-from .decode import ARDecoder, DDTreeDecoder, DecodeError, Decoder, validate_prompt
-from .drafters import OracleDrafter
+from .decode import ARDecoder, DecodeError, Decoder, check_room, validate_prompt
+from .drafters import DrafterSpec, DraftTarget, build_drafter
 from .model import TargetModel
-from .records import RunRecord, StepRecord
+from .records import MODES, RunRecord, StepRecord
+from .timers import StepTimer
+
+ORACLE = DrafterSpec()
 
 
 def parse_prompt(text: str, vocab_size: int) -> list[int]:
-    """Token ids typed as "1, 2, 3" or "1 2 3"."""
+    """Token ids typed as "1, 2, 3" or "1 2 3" (ASCII digits only)."""
     parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
-    bad = [p for p in parts if not re.fullmatch(r"-?\d+", p)]
+    bad = [p for p in parts if not re.fullmatch(r"-?[0-9]+", p)]
     if bad:
         raise DecodeError(f"prompt entries {bad[:5]} are not integers: type token ids separated by commas or spaces")
     return validate_prompt([int(p) for p in parts], vocab_size)
@@ -39,55 +40,75 @@ def golden_for(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig) -> li
     return None
 
 
-def oracle_continuation(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel) -> list[int]:
-    """The greedy continuation the oracle knows: the golden tokens where there are some, else an AR run's."""
-    return golden_for(ckpt, prompt, cfg) or ARDecoder(model, prompt, cfg).run().tokens
+def continuation_of(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel,
+                    known: Sequence[int] | None = None) -> Callable[[int], list[int]]:
+    """n -> the first n tokens the target generates after `prompt` under cfg: `known` (tokens already decoded,
+    e.g. an AR run's) or the golden tokens where they are long enough, else an AR decode of n tokens (as many
+    as the context holds). Decoded once per n asked for."""
+    known = list(known) if known is not None else golden_for(ckpt, prompt, cfg) or []
+    memo: dict[int, list[int]] = {}
+
+    def first(n: int) -> list[int]:
+        if len(known) >= n:
+            return known[:n]
+        if n not in memo:
+            room = model.cos.shape[0] - len(prompt) - cfg.block_size
+            longer = dataclasses.replace(cfg, max_new_tokens=max(1, min(n, room)))
+            memo[n] = ARDecoder(model, prompt, longer).run().tokens
+        return memo[n]
+
+    return first
 
 
-def make_decoder(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str, noise: float = 0.0,
-                 drafter_seed: int = 0, timer: StepTimer | None = None, model: TargetModel | None = None,
+def make_decoder(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str,
+                 drafter: DrafterSpec = ORACLE, timer: StepTimer | None = None, model: TargetModel | None = None,
                  continuation: Sequence[int] | None = None, cuda_graph: bool = False) -> Decoder:
-    """An AR or DDTree decoder, ready to step (the prompt is prefilled)."""
+    """A decoder of `mode` (one of MODES), ready to step (the prompt is prefilled). `continuation` is what the
+    target is already known to generate (an oracle drafter reads it; computed when needed)."""
+    if mode not in MODES:
+        raise DecodeError(f"mode={mode!r}: expected one of {MODES}")
     model = model or load_target(ckpt, cfg)
     if mode == "ar":
         return ARDecoder(model, prompt, cfg, timer, cuda_graph)
-    if mode != "ddtree":
-        raise ValueError(f"mode={mode!r}: expected 'ar' or 'ddtree'")
-    truth = continuation if continuation is not None else oracle_continuation(ckpt, prompt, cfg, model)
-    drafter = OracleDrafter(truth, ckpt.config.vocab_size, noise=noise, seed=drafter_seed,
-                            num_positions=cfg.max_new_tokens + cfg.block_size, device=model.device)
-    return DDTreeDecoder(model, prompt, cfg, drafter, timer, cuda_graph)
+    prompt = validate_prompt(prompt, model.cfg.vocab_size)
+    check_room(len(prompt), cfg, model, 1)  # the prompt's own error before any drafter work
+    target = DraftTarget(model, prompt, cfg, continuation_of(ckpt, prompt, cfg, model, continuation))
+    return Decoder(model, prompt, cfg, mode, build_drafter(drafter, target), timer, cuda_graph)
 
 
-def decode(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str, noise: float = 0.0,
-           drafter_seed: int = 0, timer: StepTimer | None = None,
-           on_step: Callable[[StepRecord], None] | None = None, model: TargetModel | None = None) -> RunRecord:
-    return make_decoder(ckpt, prompt, cfg, mode, noise, drafter_seed, timer, model).run(on_step)
+def decode(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str, drafter: DrafterSpec = ORACLE,
+           timer: StepTimer | None = None, on_step: Callable[[StepRecord], None] | None = None,
+           model: TargetModel | None = None) -> RunRecord:
+    return make_decoder(ckpt, prompt, cfg, mode, drafter, timer, model).run(on_step)
 
 
-def warm_up(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel) -> None:
-    """Two untimed steps of each mode, so one-time costs (library handles, first-touch allocations) stay out
-    of the numbers of the runs that follow."""
+def warm_up(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel,
+            drafter: DrafterSpec = ORACLE, modes: Sequence[str] = ("ddtree",)) -> None:
+    """Two untimed steps of AR and each mode, so one-time costs (library handles, first-touch allocations)
+    stay out of the numbers of the runs that follow."""
     short = dataclasses.replace(cfg, max_new_tokens=min(cfg.max_new_tokens, 2))
-    for mode in ("ar", "ddtree"):
-        make_decoder(ckpt, prompt, short, mode, model=model, continuation=golden_for(ckpt, prompt, cfg) or []).run()
+    for mode in ("ar", *modes):
+        make_decoder(ckpt, prompt, short, mode, drafter, model=model).run()
 
 
-def decode_pair(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, noise: float = 0.0,
-                drafter_seed: int = 0, profile_timers: bool = True,
-                on_step: Callable[[StepRecord], None] | None = None,
-                model: TargetModel | None = None, warmup: bool = True) -> tuple[RunRecord, RunRecord]:
-    """AR, then DDTree, on the same prompt, config and model (after warm_up, unless warmup=False).
-    on_step sees both runs' steps in turn."""
+def decode_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, drafter: DrafterSpec = ORACLE,
+                modes: Sequence[str] = ("ddtree",), profile_timers: bool = True,
+                on_step: Callable[[StepRecord], None] | None = None, model: TargetModel | None = None,
+                warmup: bool = True) -> dict[str, RunRecord]:
+    """AR, then each speculative mode ("chain", "ddtree") with the same drafter, on the same prompt, config and
+    model (after warm_up, unless warmup=False). Returns the runs by mode, AR first; on_step sees every step."""
+    modes = [m for m in MODES if m in modes and m != "ar"]
+    if not modes:
+        raise DecodeError("decode_runs needs at least one speculative mode: 'chain' or 'ddtree'")
     model = model or load_target(ckpt, cfg)
-    continuation = golden_for(ckpt, prompt, cfg)
     if warmup:
-        warm_up(ckpt, prompt, cfg, model)
+        warm_up(ckpt, prompt, cfg, model, drafter, modes)
 
     def timer() -> StepTimer:
         return StepTimer(model.device, enabled=profile_timers)
 
-    ar = ARDecoder(model, prompt, cfg, timer()).run(on_step)
-    dd = make_decoder(ckpt, prompt, cfg, "ddtree", noise, drafter_seed, timer(), model,
-                      continuation or ar.tokens).run(on_step)
-    return ar, dd
+    runs = {"ar": ARDecoder(model, prompt, cfg, timer()).run(on_step)}
+    known = golden_for(ckpt, prompt, cfg) or runs["ar"].tokens
+    for mode in modes:
+        runs[mode] = make_decoder(ckpt, prompt, cfg, mode, drafter, timer(), model, known).run(on_step)
+    return runs

@@ -19,12 +19,13 @@ from torch.profiler import ProfilerActivity
 from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
 from engine.decode import Decoder
-from engine.records import RunRecord, StepRecord
-from engine.session import golden_for, load_target, make_decoder, warm_up
+from engine.drafters import DrafterSpec
+from engine.records import MODES, RunRecord, StepRecord
+from engine.session import ORACLE, golden_for, load_target, make_decoder, warm_up
+from engine.timers import StepTimer
 
 from .capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
 from .metrics import STEP
-from .timers import StepTimer
 
 PREFILL = "prefill"
 
@@ -149,15 +150,18 @@ def _profiled(build: Callable[[StepTimer], Decoder], cfg: DecodeConfig,
     return run, attribute(events_from(prof), names)
 
 
-def capture_pair(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, noise: float = 0.0,
-                 drafter_seed: int = 0, on_step: Callable[[StepRecord], None] | None = None
-                 ) -> tuple[RunRecord, RunRecord, Capture]:
-    """decode_pair under torch.profiler: a warm-up, then AR and DDTree on one model, each in its own capture."""
+def capture_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, drafter: DrafterSpec = ORACLE,
+                 modes: Sequence[str] = ("ddtree",), on_step: Callable[[StepRecord], None] | None = None
+                 ) -> tuple[dict[str, RunRecord], Capture]:
+    """decode_runs under torch.profiler: a warm-up, then AR and each mode on one model, each in its own capture."""
+    modes = [m for m in MODES if m in modes and m != "ar"]
     model = load_target(ckpt, cfg)
-    warm_up(ckpt, prompt, cfg, model)
+    warm_up(ckpt, prompt, cfg, model, drafter, modes)
     ar, ar_capture = _profiled(lambda t: make_decoder(ckpt, prompt, cfg, "ar", timer=t, model=model), cfg, on_step)
-    continuation = golden_for(ckpt, prompt, cfg) or ar.tokens
-    dd, dd_capture = _profiled(lambda t: make_decoder(ckpt, prompt, cfg, "ddtree", noise, drafter_seed, t, model,
-                                                      continuation), cfg, on_step)
+    runs, captures = {"ar": ar}, {"ar": ar_capture}
+    known = golden_for(ckpt, prompt, cfg) or ar.tokens
+    for mode in modes:
+        runs[mode], captures[mode] = _profiled(
+            lambda t, mode=mode: make_decoder(ckpt, prompt, cfg, mode, drafter, t, model, known), cfg, on_step)
     activities = ["cpu"] + (["cuda"] if cfg.device == "cuda" else [])
-    return ar, dd, Capture(activities, {"ar": ar_capture, "ddtree": dd_capture})
+    return runs, Capture(activities, captures)

@@ -51,7 +51,7 @@ class RunCapture:
 @dataclass(slots=True)
 class Capture:
     activities: list[str]  # "cpu", "cuda"
-    runs: dict[str, RunCapture]  # "ar", "ddtree"
+    runs: dict[str, RunCapture]  # by mode: "ar", "chain", "ddtree"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from engine.records import RunRecord
+from engine.records import MODE_LABELS, MODES, RunRecord
+from engine.timers import stage_category
 
 from .spans import PREFILL, run_spans
-from .timers import stage_category
 
 STAGE_COLORS = {"prefill": "#1f77b4", "step": "#ff7f0e", "draft": "#17becf", "tree_build": "#d62728",
-                "verify": "#9467bd", "tree_accept": "#8c564b", "kv_compact": "#e377c2", "commit": "#7f7f7f"}
+                "verify": "#9467bd", "tree_accept": "#8c564b", "kv_compact": "#e377c2", "commit": "#7f7f7f",
+                "draft_update": "#2ca02c"}
 OTHER_COLORS = ("#bcbd22", "#2ca02c", "#aec7e8", "#ffbb78")
+MODE_COLORS = {"ar": "#7f7f7f", "chain": "#ff7f0e", "ddtree": "#1f77b4"}  # one colour per run in every chart
 
 
 def stage_color(category: str) -> str:
@@ -45,13 +47,15 @@ def timeline_figure(run: RunRecord) -> go.Figure:
 
 
 def stage_figure(rows: list[dict], depth: int = 1) -> go.Figure:
-    """Mean ms per step of each range at `depth` (1: the stages), AR next to DDTree (kernel_table rows)."""
+    """Mean ms per step of each range at `depth` (1: the stages), the runs side by side (kernel_table rows)."""
     fig = go.Figure()
-    order = list(dict.fromkeys(r["name"] for mode in ("ddtree", "ar") for r in rows
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    order = list(dict.fromkeys(r["name"] for mode in reversed(modes) for r in rows
                                if r["mode"] == mode and r["depth"] == depth))
-    for mode in ("ar", "ddtree"):
+    for mode in modes:
         picked = [r for r in rows if r["mode"] == mode and r["depth"] == depth]
-        fig.add_trace(go.Bar(name=mode, x=[r["name"] for r in picked], y=[r["mean_ms"] for r in picked],
+        fig.add_trace(go.Bar(name=MODE_LABELS[mode], marker_color=MODE_COLORS[mode], x=[r["name"] for r in picked],
+                             y=[r["mean_ms"] for r in picked],
                              customdata=[[r["share"] or 0.0] for r in picked],
                              hovertemplate="%{x}: %{y:.3f} ms/step, %{customdata[0]:.1%} of the step<extra></extra>"))
     fig.update_layout(barmode="group", title="mean time per step by stage", yaxis={"title": "ms per step"},
@@ -63,10 +67,11 @@ def stage_figure(rows: list[dict], depth: int = 1) -> go.Figure:
 def acceptance_figure(summary: dict) -> go.Figure:
     """Steps per number of accepted drafted tokens."""
     hist = summary["acceptance_histogram"]
-    fig = go.Figure(go.Bar(x=list(range(len(hist))), y=hist, marker_color="#2ca02c",
+    fig = go.Figure(go.Bar(x=list(range(len(hist))), y=hist, marker_color=MODE_COLORS[summary["mode"]],
                            hovertemplate="%{y} steps accepted %{x} drafted tokens<extra></extra>"))
-    fig.update_layout(title=f"acceptance length histogram (tau = {summary['tau']:.2f} tokens/step incl. bonus)"
-                      if summary["tau"] is not None else "acceptance length histogram",
+    label = MODE_LABELS[summary["mode"]]
+    fig.update_layout(title=f"{label}: acceptance length histogram (tau = {summary['tau']:.2f} tokens/step incl. "
+                      "bonus)" if summary["tau"] is not None else f"{label}: acceptance length histogram",
                       xaxis={"title": "drafted tokens accepted in a step", "dtick": 1}, yaxis={"title": "steps"},
                       height=340, margin={"l": 60, "r": 20, "t": 50, "b": 50})
     return fig
@@ -75,9 +80,10 @@ def acceptance_figure(summary: dict) -> go.Figure:
 def position_figure(summary: dict) -> go.Figure:
     """Fraction of steps whose accepted path reached each depth."""
     rates = summary["per_position_acceptance"]
-    fig = go.Figure(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color="#1f77b4",
+    fig = go.Figure(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, marker_color=MODE_COLORS[summary["mode"]],
                            hovertemplate="depth %{x}: %{y:.1%} of steps<extra></extra>"))
-    fig.update_layout(title="per-position acceptance", xaxis={"title": "depth", "dtick": 1},
+    fig.update_layout(title=f"{MODE_LABELS[summary['mode']]}: per-position acceptance",
+                      xaxis={"title": "depth", "dtick": 1},
                       yaxis={"title": "fraction of steps", "range": [0, 1], "tickformat": ".0%"},
                       height=340, margin={"l": 60, "r": 20, "t": 50, "b": 50})
     return fig

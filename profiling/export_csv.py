@@ -1,4 +1,4 @@
-"""steps.csv (one row per step of both runs) and kernels.csv (one row per timed range per run).
+"""steps.csv (one row per step of every run) and kernels.csv (one row per timed range per run).
 
 The columns are fixed (STEP_COLUMNS, KERNEL_COLUMNS); a value that does not apply is an empty cell.
 """
@@ -7,12 +7,12 @@ from __future__ import annotations
 import csv
 import io
 
+from engine.decode import STAGES
 from engine.records import RunRecord, StepRecord
 
 from .capture_data import Capture
 from .metrics import STEP, kernel_table, stage_ns
 
-STAGES = ("draft", "tree_build", "verify", "tree_accept", "kv_compact", "commit")
 STEP_COLUMNS = ("mode", "step", "prefix_len", "num_nodes", "num_drafted", "num_accepted", "num_committed",
                 "committed", "bonus", "wall_ms", "step_ms", *(f"{s}_ms" for s in STAGES), "other_ms")
 KERNEL_COLUMNS = ("mode", "name", "parent", "depth", "leaf", "count", "total_ms", "mean_ms", "p50_ms", "p95_ms",
@@ -42,9 +42,9 @@ def step_row(step: StepRecord) -> dict:
     }
 
 
-def render_steps(ar: RunRecord, dd: RunRecord) -> bytes:
-    return _table(STEP_COLUMNS, [step_row(s) for s in (*ar.steps, *dd.steps)])
+def render_steps(runs: dict[str, RunRecord]) -> bytes:
+    return _table(STEP_COLUMNS, [step_row(s) for run in runs.values() for s in run.steps])
 
 
-def render_kernels(ar: RunRecord, dd: RunRecord, capture: Capture | None = None) -> bytes:
-    return _table(KERNEL_COLUMNS, kernel_table(ar, capture) + kernel_table(dd, capture))
+def render_kernels(runs: dict[str, RunRecord], capture: Capture | None = None) -> bytes:
+    return _table(KERNEL_COLUMNS, [row for run in runs.values() for row in kernel_table(run, capture)])

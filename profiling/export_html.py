@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import html
 
-from engine.records import RunRecord, StepRecord
+from engine.records import MODE_LABELS, RunRecord, StepRecord
 
 from .capture_data import Capture
 from .charts import acceptance_figure, figure_div, position_figure, stage_figure, timeline_figure
 from .environment import environment
 from .figures import tree_figure
-from .metrics import kernel_table, summarize
+from .metrics import kernel_table, primary_mode, summarize_runs
 
 MAX_TREES = 4
+DIFF = ' class="diff"'
 MAX_OPS = 25
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
@@ -44,19 +45,32 @@ def _table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
     return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'
 
 
-def summary_section(s: dict, env: dict, ar: RunRecord, dd: RunRecord) -> str:
-    verdict = ('<span class="ok">greedy-exact: DDTree emitted exactly the AR tokens</span>' if s["greedy_exact"]
-               else '<span class="bad">NOT greedy-exact: DDTree diverged from AR</span>')
-    items = [("generated tokens", s["num_generated"]), ("DDTree steps", s["num_steps"]),
-             ("AR steps", s["ar_num_steps"]), ("budget B", s["budget"]), ("block size", s["block_size"]),
-             ("tau (tokens/step, bonus incl.)", s["tau"]), ("AR tokens/s", s["ar_tokens_per_s"]),
-             ("DDTree tokens/s", s["ddtree_tokens_per_s"]), ("speedup", s["speedup"]),
-             ("AR time (ms)", s["ar_time_ms"]), ("DDTree time (ms)", s["ddtree_time_ms"]),
-             ("drafter", dd.drafter), ("prompt", ar.prompt)]
-    rows = [[f'<td class="name">{_e(k)}</td>', f"<td>{_fmt(v)}</td>"] for k, v in items]
+def summary_section(summaries: dict[str, dict], env: dict, runs: dict[str, RunRecord]) -> str:
+    ar = runs["ar"]
+    verdicts = "".join(
+        f'<p><span class="ok">{MODE_LABELS[m]} emitted exactly the AR tokens</span></p>' if s["matches_ar"] else
+        f'<p><span class="bad">{MODE_LABELS[m]} diverged from AR</span></p>' for m, s in summaries.items())
+    header = ["metric", "AR", *(MODE_LABELS[m] for m in summaries)]
+    first = next(iter(summaries.values()))
+
+    def row(name: str, ar_value: object, key: str | None) -> list[str]:
+        values = [s[key] if key else None for s in summaries.values()]
+        return [f'<td class="name">{_e(name)}</td>', f"<td>{_fmt(ar_value)}</td>", *(f"<td>{_fmt(v)}</td>"
+                                                                                     for v in values)]
+
+    rows = [row("generated tokens", len(ar.tokens), "num_generated"), row("steps", ar.num_steps, "num_steps"),
+            row("nodes verified per step", 1, None), row("tau (tokens/step, bonus incl.)", 1.0, "tau"),
+            row("tokens/s", first["ar_tokens_per_s"], "tokens_per_s"), row("speedup", None, "speedup"),
+            row("prefill ms", first["ar_prefill_ms"], "prefill_ms"), row("time ms", first["ar_time_ms"], "time_ms")]
+    rows[2] = rows[2][:2] + [f"<td>{_fmt(runs[m].steps[0].tree.num_nodes if runs[m].steps else None)}</td>"
+                             for m in summaries]
+    settings = [("drafter", runs[next(iter(summaries))].drafter), ("block size", first["block_size"]),
+                ("prompt", ar.prompt)]
     env_line = ", ".join(f"{k}: {v}" for k, v in env.items())
-    return (f"<h2>Summary</h2><p>{verdict}</p>{_table(['metric', 'value'], rows)}"
-            "<p class='note'>tokens/s = generated tokens (the prefill's included) / host wall time of the prefill "
+    return (f"<h2>Summary</h2>{verdicts}{_table(header, rows)}"
+            + _table(["setting", "value"], [[f'<td class="name">{_e(k)}</td>', f"<td>{_e(v)}</td>"]
+                                            for k, v in settings])
+            + "<p class='note'>tokens/s = generated tokens (the prefill's included) / host wall time of the prefill "
             "plus every step (each step's time includes reading its record back to the host).</p>"
             f"<p class='note'>{_e(env_line)}</p>")
 
@@ -82,34 +96,38 @@ def kernel_section(rows: list[dict], capture: Capture | None) -> str:
             "its full range.</p>" + _table(header, body))
 
 
-def token_diff_section(s: dict, dd: RunRecord) -> str:
-    ar_tokens, dd_tokens = s["ar_tokens"], s["ddtree_tokens"]
-    n = max(len(ar_tokens), len(dd_tokens))
-    cells = {"position": [], "AR": [], "DDTree": []}
-    for i in range(n):
-        a = ar_tokens[i] if i < len(ar_tokens) else ""
-        d = dd_tokens[i] if i < len(dd_tokens) else ""
-        cls = "" if a == d else ' class="diff"'
-        cells["position"].append(f"<td>{i}</td>")
-        cells["AR"].append(f"<td{cls}>{_e(a)}</td>")
-        cells["DDTree"].append(f"<td{cls}>{_e(d)}</td>")
+def token_diff_section(summaries: dict[str, dict]) -> str:
+    ar_tokens = next(iter(summaries.values()))["ar_tokens"]
+    n = max(len(ar_tokens), *(len(s["tokens"]) for s in summaries.values()))
+    cells: dict[str, list[str]] = {"position": [f"<td>{i}</td>" for i in range(n)],
+                                   "AR": [f"<td>{_e(ar_tokens[i]) if i < len(ar_tokens) else ''}</td>"
+                                          for i in range(n)]}
+    notes = []
+    for mode, s in summaries.items():
+        tokens = s["tokens"]
+        same = [i < len(tokens) and i < len(ar_tokens) and tokens[i] == ar_tokens[i] for i in range(n)]
+        cells[MODE_LABELS[mode]] = [f"<td{'' if same[i] else DIFF}>{_e(tokens[i]) if i < len(tokens) else ''}</td>"
+                                    for i in range(n)]
+        div = s["first_divergence"]
+        label = MODE_LABELS[mode]
+        notes.append(f"{label}: no divergence" if div is None else
+                     f"{label}: first divergence at position {div['position']} ({label} step {_fmt(div['step'])}): "
+                     f"AR token {_fmt(div['ar_token'])}, {label} token {_fmt(div['token'])}; AR top-1 minus top-2 "
+                     f"logit there: {_fmt(div['logit_gap'], 4)}, the {label} token below the AR top-1 by "
+                     f"{_fmt(div['token_gap'], 4)}")
     rows = "".join(f"<tr><th>{k}</th>{''.join(v)}</tr>" for k, v in cells.items())
-    div = s["first_divergence"]
-    text = ("no divergence" if div is None else
-            f"first divergence at position {div['position']} (DDTree step {_fmt(div['ddtree_step'])}): AR token "
-            f"{_fmt(div['ar_token'])}, DDTree token {_fmt(div['ddtree_token'])}; AR top-1 minus top-2 logit there: "
-            f"{_fmt(div['logit_gap'], 4)}, DDTree token below the AR top-1 by {_fmt(div['ddtree_token_gap'], 4)}")
-    return f"<h2>Token diff</h2><p>{_e(text)}</p><table class='tokens'>{rows}</table>"
+    return f"<h2>Token diff</h2>{''.join(f'<p>{_e(t)}</p>' for t in notes)}<table class='tokens'>{rows}</table>"
 
 
-def chosen_steps(dd: RunRecord, summary: dict) -> list[StepRecord]:
-    """The first step, the longest and the shortest acceptance, and the step where DDTree diverged."""
-    if not dd.steps:
+def chosen_steps(run: RunRecord, summary: dict) -> list[StepRecord]:
+    """The first step, the longest and the shortest acceptance, and the step where the run diverged."""
+    if not run.steps:
         return []
-    picks = [dd.steps[0], max(dd.steps, key=lambda s: s.num_accepted), min(dd.steps, key=lambda s: s.num_accepted)]
+    picks = [run.steps[0], max(run.steps, key=lambda s: s.num_accepted),
+             min(run.steps, key=lambda s: s.num_accepted)]
     div = summary["first_divergence"]
-    if div is not None and div["ddtree_step"] is not None:
-        picks.append(dd.steps[div["ddtree_step"]])
+    if div is not None and div["step"] is not None:
+        picks.append(run.steps[div["step"]])
     unique = {s.index: s for s in picks}
     return [unique[i] for i in sorted(unique)][:MAX_TREES]
 
@@ -130,22 +148,29 @@ def ops_section(capture: Capture) -> str:
             "overhead.</p>" + "".join(parts))
 
 
-def render(ar: RunRecord, dd: RunRecord, capture: Capture | None = None) -> bytes:
-    s = summarize(ar, dd)
-    env = environment(str(dd.decode["device"]))
-    rows = kernel_table(ar, capture) + kernel_table(dd, capture)
-    figures = [stage_figure(rows), timeline_figure(ar), timeline_figure(dd), acceptance_figure(s),
-               position_figure(s), *(tree_figure(step) for step in chosen_steps(dd, s))]
-    divs = [figure_div(f, include_plotlyjs=(i == 0)) for i, f in enumerate(figures)]
-    num_trees = len(figures) - 5
+def render(runs: dict[str, RunRecord], capture: Capture | None = None) -> bytes:
+    summaries = summarize_runs(runs)
+    primary = primary_mode(runs)
+    spec = runs[primary]
+    env = environment(str(spec.decode["device"]))
+    rows = [row for run in runs.values() for row in kernel_table(run, capture)]
+    figures = [stage_figure(rows), *(timeline_figure(run) for run in runs.values())]
+    for summary in summaries.values():
+        figures += [acceptance_figure(summary), position_figure(summary)]
+    trees = [tree_figure(step) for step in chosen_steps(spec, summaries[primary])]
+    divs = [figure_div(f, include_plotlyjs=(i == 0)) for i, f in enumerate(figures + trees)]
+    num_timelines = len(runs)
+    timelines, acceptance = divs[1:1 + num_timelines], divs[1 + num_timelines:len(figures)]
     body = "".join([
-        f"<h1>DDTree Studio report</h1><p class='note'>model: {_e(dd.model)}<br>decode: {_e(dd.decode)}</p>",
-        summary_section(s, env, ar, dd),
+        "<h1>DDTree Studio report</h1>",
+        _table(["model", "value"], [[f'<td class="name">{_e(k)}</td>', f"<td>{_e(v)}</td>"]
+                                    for k, v in {**spec.model, **spec.decode}.items()]),
+        summary_section(summaries, env, runs),
         kernel_section(rows, capture), divs[0],
-        "<h2>Per-step timeline</h2>", divs[1], divs[2],
-        "<h2>Acceptance</h2>", divs[3], divs[4],
-        token_diff_section(s, dd),
-        "<h2>Trees of chosen steps</h2>" + "".join(divs[5:5 + num_trees]),
+        "<h2>Per-step timeline</h2>", *timelines,
+        "<h2>Acceptance</h2>", *acceptance,
+        token_diff_section(summaries),
+        f"<h2>Trees of chosen {MODE_LABELS[primary]} steps</h2>" + "".join(divs[len(figures):]),
         ops_section(capture) if capture is not None else "",
     ])
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>DDTree Studio report</title>"

@@ -14,7 +14,7 @@ from engine.records import RunRecord, StepRecord
 
 from .capture_data import Capture
 from .environment import environment
-from .metrics import kernel_table, summarize
+from .metrics import kernel_table, primary_mode, summarize_runs
 from .schema import SCHEMA_VERSION
 
 
@@ -44,19 +44,22 @@ def run_dict(run: RunRecord) -> dict:
             "num_steps": run.num_steps, "tokens": list(run.tokens)}
 
 
-def build_report(ar: RunRecord, dd: RunRecord, capture: Capture | None = None) -> dict:
-    summary = summarize(ar, dd)  # checks that the runs are a pair
+def build_report(runs: dict[str, RunRecord], capture: Capture | None = None) -> dict:
+    summaries = summarize_runs(runs)  # checks that the runs belong together
+    primary = runs[primary_mode(runs)]
     return {
         "schema_version": SCHEMA_VERSION,
-        "environment": environment(str(dd.decode["device"])),
-        "config": {"model": dd.model, "decode": dd.decode, "drafter": dd.drafter, "prompt": list(dd.prompt)},
-        "summary": summary,
-        "runs": {"ar": run_dict(ar), "ddtree": run_dict(dd)},
-        "steps": [step_dict(s) for s in (*ar.steps, *dd.steps)],
-        "kernels": kernel_table(ar, capture) + kernel_table(dd, capture),
+        "environment": environment(str(primary.decode["device"])),
+        "config": {"model": primary.model, "decode": primary.decode, "drafter": primary.drafter,
+                   "prompt": list(primary.prompt), "modes": list(runs)},
+        "primary": primary.mode,
+        "summaries": summaries,
+        "runs": {mode: run_dict(run) for mode, run in runs.items()},
+        "steps": [step_dict(s) for run in runs.values() for s in run.steps],
+        "kernels": [row for run in runs.values() for row in kernel_table(run, capture)],
         "capture": capture.to_dict() if capture is not None else None,
     }
 
 
-def render(ar: RunRecord, dd: RunRecord, capture: Capture | None = None) -> bytes:
-    return json.dumps(build_report(ar, dd, capture), indent=1, allow_nan=False).encode()
+def render(runs: dict[str, RunRecord], capture: Capture | None = None) -> bytes:
+    return json.dumps(build_report(runs, capture), indent=1, allow_nan=False).encode()

@@ -1,6 +1,6 @@
 """trace.json: Chrome Trace Event format (opens in Perfetto and chrome://tracing).
 
-One process per run (AR, DDTree). Track 1 holds the stage ranges as complete ("X") events nested like
+One process per run (AR, chain, DDTree). Track 1 holds the stage ranges as complete ("X") events nested like
 the StepTimer ranges (profiling/spans.py lays them out); with a torch.profiler capture of a CUDA run,
 each CUDA stream gets a track of its kernels. Metadata ("M") events name every process and track.
 Timestamps are µs from the start of the run's prefill; args carry the step index and the op's arguments.
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 
-from engine.records import RunRecord, StepRecord
+from engine.records import MODES, RunRecord, StepRecord
+from engine.timers import stage_category
 
 from .capture_data import Capture, KernelEvent
 from .metrics import num_draft_positions, range_parents
 from .spans import PREFILL, TimedSpan, run_spans, step_slots
-from .timers import stage_category
 
-PIDS = {"ar": 1, "ddtree": 2}
+PIDS = {mode: i + 1 for i, mode in enumerate(MODES)}  # one Perfetto process per run, AR on top
 RANGES_TID = 1
 STREAM_TID_BASE = 100
 
@@ -29,6 +29,8 @@ def process_label(run: RunRecord) -> str:
     d = run.decode
     if run.mode == "ar":
         return f"AR decode ({d['device']}, {d['dtype']})"
+    if run.mode == "chain":
+        return f"chain decode (block {d['block_size']}, {d['device']}, {d['dtype']})"
     return f"DDTree decode (budget {d['budget']}, block {d['block_size']}, {d['device']}, {d['dtype']})"
 
 
@@ -109,14 +111,14 @@ def run_events(run: RunRecord, capture: Capture | None) -> list[dict]:
     return events
 
 
-def build_trace(ar: RunRecord, dd: RunRecord, capture: Capture | None = None) -> dict:
+def build_trace(runs: dict[str, RunRecord], capture: Capture | None = None) -> dict:
     return {
-        "traceEvents": run_events(ar, capture) + run_events(dd, capture),
+        "traceEvents": [event for run in runs.values() for event in run_events(run, capture)],
         "displayTimeUnit": "ms",
         "otherData": {"generator": "DDTree Studio profiling.export_trace", "time_origin": "each run's prefill start",
                       "layout": "steps back to back in host wall-time slots after the prefill"},
     }
 
 
-def render(ar: RunRecord, dd: RunRecord, capture: Capture | None = None) -> bytes:
-    return json.dumps(build_trace(ar, dd, capture), allow_nan=False).encode()
+def render(runs: dict[str, RunRecord], capture: Capture | None = None) -> bytes:
+    return json.dumps(build_trace(runs, capture), allow_nan=False).encode()

@@ -1,13 +1,13 @@
 """Speculative-decoding metrics from run records: the one definition the reports, the CLI and the dashboard use.
 
 Definitions (L = block_size - 1 drafted positions per step):
-- tau: mean tokens committed per DDTree step, the bonus token included (1 <= tau <= L + 1).
+- tau: mean tokens committed per speculative (chain or DDTree) step, the bonus token included (1 <= tau <= L + 1).
 - per_position_acceptance[d], d = 0..L-1: fraction of steps whose accepted path reached depth d + 1.
 - acceptance_histogram[k], k = 0..L: number of steps that accepted exactly k drafted tokens.
 - tokens/s: generated tokens (after truncation to max_new_tokens, the prefill's token included) divided by
   the host wall time of the prefill plus every step (StepRecord.wall_ns, which includes reading the step's
   record back to the host).
-- speedup: DDTree tokens/s over AR tokens/s.
+- speedup: the speculative run's (chain or DDTree) tokens/s over AR tokens/s.
 - kernel rows: one per full range name; share = total time of that range / total time of the "step" range,
   for leaf and inner ranges alike (so shares of nested rows add up within their parent, not across levels).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.records import RunRecord, StepRecord
+from engine.records import MODES, RunRecord, StepRecord
 
 from .capture_data import Capture
 
@@ -77,68 +77,87 @@ def committing_step(run: RunRecord, position: int) -> int | None:
     return None
 
 
-def first_divergence(ar: RunRecord, dd: RunRecord) -> dict | None:
-    """Where the DDTree tokens first differ from the AR tokens (None when identical).
+def first_divergence(ar: RunRecord, run: RunRecord) -> dict | None:
+    """Where the speculative run's tokens first differ from the AR tokens (None when identical).
 
     logit_gap is top-1 minus top-2 of the AR logits at that position: a gap near 0 means the AR choice was
-    a near tie, so a numerical difference can flip it; ddtree_token_gap is how far below the AR top-1 the
-    DDTree token scored there."""
-    a, d = ar.tokens, dd.tokens
+    a near tie, so a numerical difference can flip it; token_gap is how far below the AR top-1 the speculative
+    run's token scored there; step is the speculative step that committed it."""
+    a, d = ar.tokens, run.tokens
     n = min(len(a), len(d))
     position = next((i for i in range(n) if a[i] != d[i]), n)
     if position == n and len(a) == len(d):
         return None
     ar_token = a[position] if position < len(a) else None
-    dd_token = d[position] if position < len(d) else None
-    logit_gap = dd_gap = None
+    token = d[position] if position < len(d) else None
+    logit_gap = token_gap = None
     if ar.logits is not None and position < len(ar.logits):
         row = np.asarray(ar.logits[position], dtype=np.float64)
         logit_gap = top2_gap(row)
-        if dd_token is not None:
-            dd_gap = float(row.max() - row[dd_token])
-    return {"position": position, "ar_token": ar_token, "ddtree_token": dd_token, "logit_gap": logit_gap,
-            "ddtree_token_gap": dd_gap, "ddtree_step": committing_step(dd, position)}
+        if token is not None:
+            token_gap = float(row.max() - row[token])
+    return {"position": position, "ar_token": ar_token, "token": token, "logit_gap": logit_gap,
+            "token_gap": token_gap, "step": committing_step(run, position)}
 
 
-def check_pair(ar: RunRecord, dd: RunRecord) -> None:
-    """An AR run and a DDTree run of the same model, prompt and decode config, or a clear error."""
-    if ar.mode != "ar" or dd.mode != "ddtree":
-        raise ValueError(f"expected an AR run then a DDTree run, got modes {ar.mode!r} and {dd.mode!r}")
-    for what, x, y in (("prompt", ar.prompt, dd.prompt), ("model config", ar.model, dd.model),
-                       ("decode config", ar.decode, dd.decode)):
-        if x != y:
-            raise ValueError(f"the AR and DDTree runs differ in their {what}: compare runs of one decode_pair")
+def check_runs(runs: dict[str, RunRecord]) -> None:
+    """AR first, then speculative runs of the same model, prompt and decode config, each under its mode."""
+    modes = list(runs)
+    if not modes or modes[0] != "ar" or len(modes) < 2:
+        raise ValueError(f"expected an AR run then at least one speculative run, got modes {modes}")
+    ar = runs["ar"]
+    for mode, run in runs.items():
+        if run.mode != mode or mode not in MODES:
+            raise ValueError(f"run under {mode!r} has mode {run.mode!r}")
+        for what, x, y in (("prompt", ar.prompt, run.prompt), ("model config", ar.model, run.model),
+                           ("decode config", ar.decode, run.decode)):
+            if x != y:
+                raise ValueError(f"the AR and {mode} runs differ in their {what}: compare runs of one decode_runs")
+
+
+def primary_mode(runs: dict[str, RunRecord]) -> str:
+    """The run a report headlines: DDTree when it ran, else the chain."""
+    return "ddtree" if "ddtree" in runs else [m for m in runs if m != "ar"][-1]
 
 
 def _ratio(x: float | None, y: float | None) -> float | None:
     return x / y if x is not None and y else None
 
 
-def summarize(ar: RunRecord, dd: RunRecord) -> dict:
-    """The report's summary: correctness, acceptance and speed of DDTree against AR."""
-    check_pair(ar, dd)
-    ar_tps, dd_tps = tokens_per_s(ar), tokens_per_s(dd)
+def summarize(ar: RunRecord, run: RunRecord) -> dict:
+    """Correctness, acceptance and speed of one speculative run (chain or DDTree) against AR."""
+    if ar.mode != "ar" or run.mode == "ar":
+        raise ValueError(f"expected an AR run and a chain or DDTree run, got modes {ar.mode!r} and {run.mode!r}")
+    check_runs({"ar": ar, run.mode: run})
+    ar_tps, tps = tokens_per_s(ar), tokens_per_s(run)
     return {
-        "greedy_exact": dd.tokens == ar.tokens,
+        "mode": run.mode,
+        "matches_ar": run.tokens == ar.tokens,
         "ar_tokens": list(ar.tokens),
-        "ddtree_tokens": list(dd.tokens),
-        "num_generated": len(dd.tokens),
-        "num_steps": dd.num_steps,
+        "tokens": list(run.tokens),
+        "num_generated": len(run.tokens),
+        "num_steps": run.num_steps,
         "ar_num_steps": ar.num_steps,
-        "block_size": int(dd.decode["block_size"]),
-        "budget": int(dd.decode["budget"]),
-        "tau": tau(dd),
-        "per_position_acceptance": per_position_acceptance(dd),
-        "acceptance_histogram": acceptance_histogram(dd),
+        "block_size": int(run.decode["block_size"]),
+        "budget": int(run.decode["budget"]) if run.mode == "ddtree" else num_draft_positions(run),
+        "tau": tau(run),
+        "per_position_acceptance": per_position_acceptance(run),
+        "acceptance_histogram": acceptance_histogram(run),
         "ar_time_ms": run_time_ns(ar) / 1e6,
-        "ddtree_time_ms": run_time_ns(dd) / 1e6,
+        "time_ms": run_time_ns(run) / 1e6,
         "ar_prefill_ms": ar.prefill_ns / 1e6,
-        "ddtree_prefill_ms": dd.prefill_ns / 1e6,
+        "prefill_ms": run.prefill_ns / 1e6,
         "ar_tokens_per_s": ar_tps,
-        "ddtree_tokens_per_s": dd_tps,
-        "speedup": _ratio(dd_tps, ar_tps),
-        "first_divergence": first_divergence(ar, dd),
+        "tokens_per_s": tps,
+        "speedup": _ratio(tps, ar_tps),
+        "first_divergence": first_divergence(ar, run),
     }
+
+
+def summarize_runs(runs: dict[str, RunRecord]) -> dict[str, dict]:
+    """summarize() of every speculative run against the AR run, by mode."""
+    check_runs(runs)
+    return {mode: summarize(runs["ar"], run) for mode, run in runs.items() if mode != "ar"}
 
 
 def range_parents(names: list[str]) -> dict[str, str | None]:

@@ -1,4 +1,5 @@
-"""The five exports of an AR + DDTree pair: render one to bytes, or write them all into a directory.
+"""The five exports of a set of runs (AR, then chain and/or DDTree): render one to bytes, or write them all
+into a directory.
 
 write_all checks everything before it writes anything (all five render, the directory is usable, no file
 would be overwritten without force) and writes each file atomically (a temporary file renamed into place),
@@ -33,21 +34,22 @@ def html_exporter() -> ModuleType:
     return export_html
 
 
-Renderer = Callable[[RunRecord, RunRecord, Capture | None], bytes]
+Runs = dict[str, RunRecord]  # AR first, then the speculative runs (decode_runs)
+Renderer = Callable[[Runs, Capture | None], bytes]
 FORMATS: dict[str, Renderer] = {
-    "report.html": lambda ar, dd, capture: html_exporter().render(ar, dd, capture),
+    "report.html": lambda runs, capture: html_exporter().render(runs, capture),
     "report.json": export_json.render,
     "kernels.csv": export_csv.render_kernels,
-    "steps.csv": lambda ar, dd, capture: export_csv.render_steps(ar, dd),
+    "steps.csv": lambda runs, capture: export_csv.render_steps(runs),
     "trace.json": export_trace.render,
 }
 
 
-def render(ar: RunRecord, dd: RunRecord, fmt: str, capture: Capture | None = None) -> bytes:
+def render(runs: Runs, fmt: str, capture: Capture | None = None) -> bytes:
     """One export as bytes; fmt is its file name (one of FORMATS)."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}: expected one of {sorted(FORMATS)}")
-    return FORMATS[fmt](ar, dd, capture)
+    return FORMATS[fmt](runs, capture)
 
 
 def check_out_dir(out_dir: pathlib.Path, force: bool) -> None:
@@ -81,12 +83,12 @@ def write_atomic(path: pathlib.Path, data: bytes) -> None:
         raise
 
 
-def write_all(ar: RunRecord, dd: RunRecord, out_dir: str | os.PathLike, force: bool = False,
+def write_all(runs: Runs, out_dir: str | os.PathLike, force: bool = False,
               capture: Capture | None = None) -> list[pathlib.Path]:
     """Write all five exports into out_dir (created if missing); returns their paths."""
     out = pathlib.Path(out_dir)
     check_out_dir(out, force)
-    blobs = {name: render(ar, dd, name, capture) for name in FORMATS}
+    blobs = {name: render(runs, name, capture) for name in FORMATS}
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, data in blobs.items():

@@ -1,7 +1,9 @@
 """JSON Schema (draft 2020-12) of report.json. Bump SCHEMA_VERSION on any change a reader would notice."""
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+from engine.records import MODES
+
+SCHEMA_VERSION = 2  # 2: any set of runs (AR, chain, DDTree), a summary per speculative run
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
@@ -9,7 +11,8 @@ _OPT_NUM = {"type": ["number", "null"]}
 _OPT_INT = {"type": ["integer", "null"]}
 _INTS = {"type": "array", "items": _INT}
 _NUMS = {"type": "array", "items": _NUM}
-_MODE = {"enum": ["ar", "ddtree"]}
+_MODE = {"enum": list(MODES)}
+_SPEC_MODE = {"enum": [m for m in MODES if m != "ar"]}
 
 
 def _object(properties: dict, required: list[str] | None = None, extra: bool = False) -> dict:
@@ -41,17 +44,17 @@ KERNEL_ROW = _object({
 })
 
 DIVERGENCE = _object({
-    "position": _INT, "ar_token": _OPT_INT, "ddtree_token": _OPT_INT, "logit_gap": _OPT_NUM,
-    "ddtree_token_gap": _OPT_NUM, "ddtree_step": _OPT_INT,
+    "position": _INT, "ar_token": _OPT_INT, "token": _OPT_INT, "logit_gap": _OPT_NUM,
+    "token_gap": _OPT_NUM, "step": _OPT_INT,
 })
 
 SUMMARY = _object({
-    "greedy_exact": {"type": "boolean"}, "ar_tokens": _INTS, "ddtree_tokens": _INTS, "num_generated": _INT,
+    "mode": _SPEC_MODE, "matches_ar": {"type": "boolean"}, "ar_tokens": _INTS, "tokens": _INTS, "num_generated": _INT,
     "num_steps": _INT, "ar_num_steps": _INT, "block_size": _INT, "budget": _INT, "tau": _OPT_NUM,
     "per_position_acceptance": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}},
     "acceptance_histogram": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-    "ar_time_ms": _NUM, "ddtree_time_ms": _NUM, "ar_prefill_ms": _NUM, "ddtree_prefill_ms": _NUM,
-    "ar_tokens_per_s": _OPT_NUM, "ddtree_tokens_per_s": _OPT_NUM, "speedup": _OPT_NUM,
+    "ar_time_ms": _NUM, "time_ms": _NUM, "ar_prefill_ms": _NUM, "prefill_ms": _NUM,
+    "ar_tokens_per_s": _OPT_NUM, "tokens_per_s": _OPT_NUM, "speedup": _OPT_NUM,
     "first_divergence": {"oneOf": [{"type": "null"}, DIVERGENCE]},
 })
 
@@ -76,7 +79,7 @@ CAPTURE_RUN = _object({"ranges": {"type": "array", "items": CAPTURE_RANGE},
                        "ops": {"type": "array", "items": CAPTURE_OP},
                        "kernels": {"type": "array", "items": CAPTURE_KERNEL}})
 CAPTURE = _object({"activities": {"type": "array", "items": {"enum": ["cpu", "cuda"]}},
-                   "runs": _object({"ar": CAPTURE_RUN, "ddtree": CAPTURE_RUN})})
+                   "runs": {"type": "object", "propertyNames": _MODE, "additionalProperties": CAPTURE_RUN}})
 
 REPORT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -85,9 +88,11 @@ REPORT_SCHEMA = {
         "schema_version": {"const": SCHEMA_VERSION},
         "environment": ENVIRONMENT,
         "config": _object({"model": {"type": "object"}, "decode": {"type": "object"}, "drafter": {"type": "object"},
-                           "prompt": _INTS}),
-        "summary": SUMMARY,
-        "runs": _object({"ar": RUN, "ddtree": RUN}),
+                           "prompt": _INTS, "modes": {"type": "array", "items": _MODE}}),
+        "primary": _SPEC_MODE,
+        "summaries": {"type": "object", "propertyNames": _SPEC_MODE, "additionalProperties": SUMMARY,
+                      "minProperties": 1},
+        "runs": {"type": "object", "propertyNames": _MODE, "additionalProperties": RUN, "required": ["ar"]},
         "steps": {"type": "array", "items": STEP},
         "kernels": {"type": "array", "items": KERNEL_ROW},
         "capture": {"oneOf": [{"type": "null"}, CAPTURE]},

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.records import RunRecord, StepRecord
+from engine.timers import Span
 
 from .metrics import STEP, range_parents, tree_order
-from .timers import Span
 
 PREFILL = "prefill"
 

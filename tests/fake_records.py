@@ -21,8 +21,10 @@ def stage_tree(mode: str, num_layers: int) -> list[tuple[str, list]]:
     for i in range(num_layers):
         verify += [(f"layer{i}/attn", [("verify_attn", [])]), (f"layer{i}/mlp", [])]
     verify += [("lm_head", [])]
-    stages = [("draft", []), ("tree_build", [])] if mode == "ddtree" else []
+    drafted = mode != "ar"
+    stages = [("draft", []), ("tree_build", [])] if drafted else []
     stages += [("verify", verify), ("tree_accept", []), ("kv_compact", []), ("commit", [])]
+    stages += [("draft_update", [])] if drafted else []
     return [("step", stages)]
 
 
@@ -109,9 +111,12 @@ def make_run(rng, mode, truth, prompt, cfg: DecodeConfig, num_layers, steps: lis
                      wall_ns=prefill_ns + sum(s.wall_ns for s in steps), drafter=drafter or {})
 
 
-def fake_pair(seed: int, budget: int = 12, block_size: int = 5, max_new: int = 17, diverge_at: int | None = None,
-              num_layers: int = 2, vocab: int = 50) -> tuple[RunRecord, RunRecord]:
-    """An AR run and a DDTree run of one prompt. diverge_at: the DDTree tokens leave the AR ones there."""
+def fake_runs(seed: int, budget: int = 12, block_size: int = 5, max_new: int = 17, diverge_at: int | None = None,
+              num_layers: int = 2, vocab: int = 50, mode: str = "ddtree") -> dict[str, RunRecord]:
+    """An AR run and a speculative run (mode "ddtree" or "chain": a chain is a tree of budget L) of one prompt,
+    by mode. diverge_at: the speculative tokens leave the AR ones there."""
+    if mode == "chain":
+        budget = block_size - 1
     rng = np.random.default_rng(seed)
     cfg = DecodeConfig(budget=budget, block_size=block_size, max_new_tokens=max_new)
     depth = block_size - 1
@@ -138,10 +143,10 @@ def fake_pair(seed: int, budget: int = 12, block_size: int = 5, max_new: int = 1
         num_padding = int(rng.integers(0, budget - num_accept + 1)) if rng.uniform() < 0.3 else 0
         tree, target, path = fake_tree(rng, dd_truth[generated:], dd_truth[generated - 1], num_accept, budget,
                                        depth, vocab, num_padding)
-        dd_steps.append(make_step(rng, len(dd_steps), "ddtree", len(prompt) + generated - 1, tree, target, path,
+        dd_steps.append(make_step(rng, len(dd_steps), mode, len(prompt) + generated - 1, tree, target, path,
                                   num_layers))
         generated += len(path)
-    dd = make_run(rng, "ddtree", dd_truth, prompt, cfg, num_layers, dd_steps,
+    dd = make_run(rng, mode, dd_truth, prompt, cfg, num_layers, dd_steps,
                   drafter={"name": "oracle", "noise": 0.2, "seed": seed})
-    return ar, dd
+    return {"ar": ar, mode: dd}
 

@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 from engine.config import DTYPES, DecodeConfig
 from engine.kdtr import read_kdtr
 from engine.session import decode
-from engine.sweep import DEFAULT_BUDGETS
+from profiling.sweep import DEFAULT_BUDGETS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "refs" / "model_tiny.kdtr"
@@ -122,7 +122,7 @@ def test_changing_a_setting_resets_and_says_so(key, new_value, field):
     press(at, "Run to end")
     assert metric(at, "Status") == "done"
     settings = at.session_state["settings"]
-    assert getattr(settings, field) == new_value
+    assert getattr(settings.drafter if field in ("noise", "seed") else settings, field) == new_value
     n = settings.max_new_tokens
     assert metric(at, "Tokens generated") == f"{n} / {n}"
     run(at)
@@ -210,9 +210,11 @@ def test_two_tabs_do_not_share_state():
 def test_profile_page_tables_charts_and_sweep():
     at = start()
     run(at.switch_page("app_pages/profile.py"))
-    ar, dd = at.session_state["pair"]
-    assert metric(at, "tau (tokens per DDTree step)") == f"{sum(s.num_committed for s in dd.steps) / dd.num_steps:.2f}"
-    assert float(metric(at, "Speedup").removesuffix("x")) > 0
+    runs = at.session_state["runs"]
+    ar, dd = runs["ar"], runs["ddtree"]
+    tau = sum(s.num_committed for s in dd.steps) / dd.num_steps
+    delta = next(m for m in at.metric if m.label == "DDTree tokens/s").delta
+    assert delta.endswith(f"tau {tau:.2f}") and float(delta.split("x")[0]) > 0
     table = at.dataframe[0].value
     assert table["count"].max() == dd.num_steps and "verify_attn" in " ".join(table["range"])
     assert len(plotly_specs(at)) == 4  # kernel bars, step timeline, acceptance histogram, per-position
@@ -238,8 +240,8 @@ def test_profile_page_tables_charts_and_sweep():
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
     assert len(plotly_specs(at)) == 5
 
-    press(at, "Re-run AR + DDTree")
-    assert at.session_state["pair"][1] is not dd, "re-measured"
+    press(at, "Re-run")
+    assert at.session_state["runs"]["ddtree"] is not dd, "re-measured"
 
 
 def test_compare_page_verdict_and_diff(tiny_checkpoint):
@@ -261,9 +263,9 @@ def test_report_page_offers_the_five_files():
     labels = [b.label for b in at.download_button]
     assert labels == ["report.html", "report.json", "kernels.csv", "steps.csv", "trace.json"]
     files = at.session_state["reports"]
-    ar, dd = at.session_state["pair"]
-    summary = json.loads(files["report.json"])["summary"]
-    assert summary["greedy_exact"] is True and summary["num_steps"] == dd.num_steps
+    dd = at.session_state["runs"]["ddtree"]
+    summary = json.loads(files["report.json"])["summaries"]["ddtree"]
+    assert summary["matches_ar"] is True and summary["num_steps"] == dd.num_steps
     assert files["steps.csv"].decode().count("\n") >= dd.num_steps
     for button in at.download_button:
         button.click()

@@ -33,14 +33,32 @@ def assert_untouched(directory, content: dict[str, str]) -> None:
 def test_run_writes_all_five_reports(tmp_path, capsys):
     out = tmp_path / "reports"
     noise = round(random.uniform(0, 0.5), 2)
-    assert main([*BASE, "--noise", str(noise), "--seed", str(random.randrange(100)), "--report", str(out)]) == 0
+    seed = random.randrange(100)
+    assert main([*BASE, "--noise", str(noise), "--drafter-seed", str(seed), "--report", str(out)]) == 0
     printed = capsys.readouterr()
     assert "speedup" in printed.out and "greedy-exact: DDTree tokens == AR tokens" in printed.out
     assert "ddtree [" in printed.err and "6/6 tokens" in printed.err
     assert sorted(p.name for p in out.iterdir()) == sorted(FORMATS)
     doc = json.loads((out / "report.json").read_text())
-    assert doc["summary"]["greedy_exact"] and doc["config"]["drafter"]["noise"] == noise
-    assert doc["config"]["decode"]["budget"] == 6 and len(doc["summary"]["ddtree_tokens"]) == 6
+    summary = doc["summaries"]["ddtree"]
+    assert summary["matches_ar"] and doc["config"]["drafter"]["noise"] == noise
+    assert doc["config"]["drafter"]["seed"] == seed and doc["config"]["modes"] == ["ar", "ddtree"]
+    assert doc["config"]["decode"]["budget"] == 6 and len(summary["tokens"]) == 6
+
+
+def test_run_with_the_chain_beside_the_tree(tmp_path, capsys):
+    out = tmp_path / "reports"
+    assert main([*BASE, "--noise", "0.3", "--tree", "both", "--report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    header = printed.splitlines()[0].split()
+    assert header == ["AR", "chain", "DDTree"]
+    assert "greedy-exact: chain tokens == AR tokens" in printed
+    assert "greedy-exact: DDTree tokens == AR tokens" in printed
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["config"]["modes"] == ["ar", "chain", "ddtree"] and doc["primary"] == "ddtree"
+    chain_steps = [s for s in doc["steps"] if s["mode"] == "chain"]
+    assert chain_steps and all(len(s["tree"]["tokens"]) == 4 for s in chain_steps)  # block size 4: L + 1 nodes
+    assert doc["summaries"]["chain"]["tokens"] == doc["summaries"]["ddtree"]["tokens"] == doc["runs"]["ar"]["tokens"]
 
 
 def test_run_profile_and_force(tmp_path, capsys):
@@ -74,6 +92,9 @@ def test_existing_reports_without_force_are_left_untouched(tmp_path, capsys):
     (["--fixture", str(TINY), "--prompt", "1,x"], "not integers"),
     (["--fixture", str(TINY), "--prompt", "99999999"], "out of range"),
     (["--fixture", str(TINY), "--noise", "1.5"], "--noise"),
+    (["--fixture", str(TINY), "--drafter-seed", "-2"], "--drafter-seed"),
+    (["--fixture", str(TINY), "--drafter-model", "/x"], "--drafter oracle does not take --drafter-model"),
+    (["--fixture", str(TINY), "--tree", "chain", "--noise", "nan"], "--noise"),
     (["--fixture", str(TINY), "--budget", "-1"], "budget"),
     (["--fixture", str(TINY), "--block-size", "1"], "block_size"),
     (["--fixture", str(TINY), "--max-new", "0"], "max_new_tokens"),
@@ -105,12 +126,11 @@ def test_cuda_without_a_gpu(capsys):
     assert "no CUDA GPU" in capsys.readouterr().err
 
 
-def test_fixture_and_model_are_exclusive_and_one_is_required(capsys):
-    for argv in (["run"], ["run", "--fixture", str(TINY), "--model", str(TINY)]):
-        with pytest.raises(SystemExit) as exc:
-            main(argv)
-        assert exc.value.code == 2
-    assert "--fixture" in capsys.readouterr().err
+def test_without_a_model_the_default_model_runs(capsys):
+    from engine.cli_options import DEFAULT_MODEL
+
+    assert main(["run", "--max-new", "3", "--budget", "4"]) == 0
+    assert "greedy-exact" in capsys.readouterr().out and DEFAULT_MODEL.exists()
 
 
 def test_without_plotly_the_run_works_and_reports_fail_up_front(tmp_path):

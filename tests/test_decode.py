@@ -12,7 +12,8 @@ from engine import reference
 from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig, ModelConfig
 from engine.decode import ARDecoder, DDTreeDecoder, DecodeError
-from engine.drafters import OracleDrafter
+from engine.drafters import DrafterSpec
+from engine.drafters.oracle import OracleDrafter
 from engine.fixtures import random_weights
 from engine.model import TargetModel
 from engine.records import RunRecord, StepRecord
@@ -71,7 +72,7 @@ def test_ddtree_exact_oracle_commits_full_blocks(tiny):
     ckpt, model = tiny
     golden = ckpt.golden_tokens.tolist()
     cfg = DecodeConfig(budget=64, block_size=8, max_new_tokens=len(golden))
-    dec = DDTreeDecoder(model, ckpt.prompt.tolist(), cfg, OracleDrafter(golden, ckpt.config.vocab_size))
+    dec = DDTreeDecoder(model, ckpt.prompt.tolist(), cfg, OracleDrafter(golden, ckpt.config.vocab_size, 7))
     run = dec.run()
     assert run.tokens == golden
     assert [s.num_committed for s in run.steps] == [8, 8, 8]
@@ -88,7 +89,7 @@ def test_ddtree_with_noise_equals_ar_and_exercises_every_acceptance_kind(tiny):
         for budget in (1, 4, 16, 64):
             for seed in range(3):
                 cfg = DecodeConfig(budget=budget, block_size=8, max_new_tokens=24, seed=seed)
-                dec = make_decoder(ckpt, prompt, cfg, "ddtree", noise=noise, drafter_seed=seed, model=model)
+                dec = make_decoder(ckpt, prompt, cfg, "ddtree", DrafterSpec(noise=noise, seed=seed), model=model)
                 run = dec.run()
                 assert run.tokens == ar, f"noise={noise} budget={budget} seed={seed}"
                 check_run(run, dec, 7)
@@ -135,7 +136,7 @@ def test_ddtree_equals_ar_on_random_models(c, seed, budget, block_size, noise):
     ar = decode(ckpt, prompt, dcfg, "ar", model=model)
     golden, golden_logits = reference.greedy_generate(cfg, weights, prompt, 10)
     assert_greedy_equal(golden.tolist(), golden_logits, ar.tokens)
-    dd = decode(ckpt, prompt, dcfg, "ddtree", noise=noise, drafter_seed=seed, model=model)
+    dd = decode(ckpt, prompt, dcfg, "ddtree", DrafterSpec(noise=noise, seed=seed), model=model)
     assert_greedy_equal(ar.tokens, ar.logits, dd.tokens)
 
 
@@ -172,10 +173,10 @@ def test_nan_weights_give_a_clear_error(tiny):
 
 def test_nan_draft_gives_a_clear_error(tiny):
     ckpt, model = tiny
-    drafter = OracleDrafter(ckpt.golden_tokens.tolist(), ckpt.config.vocab_size)
+    drafter = OracleDrafter(ckpt.golden_tokens.tolist(), ckpt.config.vocab_size, 7)
     drafter.table[3, 5] = torch.nan
     dec = DDTreeDecoder(model, ckpt.prompt.tolist(), DecodeConfig(), drafter)
-    with pytest.raises((DecodeError, RuntimeError), match="NaN"):
+    with pytest.raises(DecodeError, match="step 0: the drafter returned NaN"):
         dec.run()
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from engine.config import DecodeConfig
+from engine.drafters import DrafterSpec
 from engine.model import TargetModel
 from engine.session import decode, make_decoder
 
@@ -24,13 +25,15 @@ def test_fp32_cuda_decodes_equal_golden(tiny_checkpoint, cuda_model):
     dd = decode(ckpt, ckpt.prompt.tolist(), cfg, "ddtree", model=cuda_model)
     assert dd.tokens == golden and [s.num_committed for s in dd.steps] == [8, 8, 8]
     for noise in (0.3, 1.0):
-        assert decode(ckpt, ckpt.prompt.tolist(), cfg, "ddtree", noise=noise, model=cuda_model).tokens == golden
+        run = decode(ckpt, ckpt.prompt.tolist(), cfg, "ddtree", DrafterSpec(noise=noise), model=cuda_model)
+        assert run.tokens == golden
 
 
-@pytest.mark.parametrize("mode", ["ar", "ddtree"])
+@pytest.mark.parametrize("mode", ["ar", "chain", "ddtree"])
 def test_step_makes_no_host_sync(tiny_checkpoint, cuda_model, mode):
     cfg = DecodeConfig(budget=16, block_size=8, max_new_tokens=24, device="cuda")
-    dec = make_decoder(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, mode, noise=0.4, model=cuda_model)
+    dec = make_decoder(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, mode, DrafterSpec(noise=0.4),
+                       model=cuda_model)
     dec.step()  # warm-up: first-use allocations and library handles
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -40,12 +43,13 @@ def test_step_makes_no_host_sync(tiny_checkpoint, cuda_model, mode):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("mode,noise", [("ar", 0.0), ("ddtree", 0.0), ("ddtree", 0.5)])
+@pytest.mark.parametrize("mode,noise", [("ar", 0.0), ("chain", 0.3), ("ddtree", 0.0), ("ddtree", 0.5)])
 def test_cuda_graph_replay_matches_eager(tiny_checkpoint, cuda_model, mode, noise):
     cfg = DecodeConfig(budget=16, block_size=8, max_new_tokens=24, device="cuda")
     prompt = tiny_checkpoint.prompt.tolist()
-    eager = make_decoder(tiny_checkpoint, prompt, cfg, mode, noise=noise, model=cuda_model).run()
-    graphed = make_decoder(tiny_checkpoint, prompt, cfg, mode, noise=noise, model=cuda_model, cuda_graph=True)
+    eager = make_decoder(tiny_checkpoint, prompt, cfg, mode, DrafterSpec(noise=noise), model=cuda_model).run()
+    graphed = make_decoder(tiny_checkpoint, prompt, cfg, mode, DrafterSpec(noise=noise), model=cuda_model,
+                           cuda_graph=True)
     run = graphed.run()
     assert graphed.graph_captured, "later steps replayed a captured graph"
     assert run.tokens == eager.tokens
@@ -58,4 +62,4 @@ def test_bf16_cuda_ddtree_equals_bf16_ar(tiny_checkpoint):
     prompt = tiny_checkpoint.prompt.tolist()
     ar = decode(tiny_checkpoint, prompt, cfg, "ar", model=model)
     for noise in (0.0, 0.5):
-        assert decode(tiny_checkpoint, prompt, cfg, "ddtree", noise=noise, model=model).tokens == ar.tokens
+        assert decode(tiny_checkpoint, prompt, cfg, "ddtree", DrafterSpec(noise=noise), model=model).tokens == ar.tokens

@@ -1,4 +1,4 @@
-"""The five exports, on synthetic run pairs and on real decodes of tests/refs/model_tiny.kdtr."""
+"""The five exports, on synthetic runs and on real decodes (AR, chain, DDTree) of tests/refs/model_tiny.kdtr."""
 from __future__ import annotations
 
 import csv
@@ -12,11 +12,12 @@ import random
 import jsonschema
 import numpy as np
 import pytest
-from fake_records import fake_pair
+from fake_records import fake_runs
 
 from engine.config import DecodeConfig
+from engine.drafters import DrafterSpec
 from profiling import export_csv, figures, metrics, report
-from profiling.capture import ProfEvent, attribute, capture_pair
+from profiling.capture import ProfEvent, attribute, capture_runs
 from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
 from profiling.schema import REPORT_SCHEMA
 
@@ -24,23 +25,25 @@ from profiling.schema import REPORT_SCHEMA
 
 
 @pytest.fixture(scope="module")
-def real_pair(tiny_checkpoint):
-    from engine.session import decode_pair
+def real_runs(tiny_checkpoint):
+    from engine.session import decode_runs
 
     cfg = DecodeConfig(budget=random.randint(4, 24), block_size=random.randint(3, 8), max_new_tokens=12)
-    return decode_pair(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, noise=0.4,
-                       drafter_seed=random.randrange(1000))
+    return decode_runs(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg,
+                       DrafterSpec(noise=0.4, seed=random.randrange(1000)), ("chain", "ddtree"))
 
 
 @pytest.fixture(scope="module")
 def captured(tiny_checkpoint):
     cfg = DecodeConfig(budget=8, block_size=4, max_new_tokens=8)
-    return capture_pair(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, noise=0.3)
+    return capture_runs(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, DrafterSpec(noise=0.3),
+                        ("chain", "ddtree"))
 
 
-def pairs(real_pair) -> list[tuple]:
+def run_sets(real_runs) -> list[dict]:
     seed = random.randrange(2**31)
-    return [real_pair, fake_pair(seed), fake_pair(seed + 1, diverge_at=random.randrange(17))]
+    return [real_runs, fake_runs(seed), fake_runs(seed + 1, diverge_at=random.randrange(17)),
+            fake_runs(seed + 2, mode="chain")]
 
 
 # -- checkers -----------------------------------------------------------------------------------------------
@@ -93,38 +96,42 @@ class ExternalRefs(html.parser.HTMLParser):
 # -- report.json ----------------------------------------------------------------------------------------------
 
 
-def test_report_json_validates_and_its_summary_recomputes_from_its_steps(real_pair):
+def test_report_json_validates_and_its_summaries_recompute_from_its_steps(real_runs):
     jsonschema.Draft202012Validator.check_schema(REPORT_SCHEMA)
-    for ar, dd in pairs(real_pair):
-        doc = json.loads(report.render(ar, dd, "report.json"))
+    for runs in run_sets(real_runs):
+        doc = json.loads(report.render(runs, "report.json"))
         jsonschema.validate(doc, REPORT_SCHEMA)
-        steps = [s for s in doc["steps"] if s["mode"] == "ddtree"]
-        s = doc["summary"]
-        accepted = [len(st["path"]) - 1 for st in steps]
+        assert doc["config"]["modes"] == list(runs) and set(doc["summaries"]) == set(runs) - {"ar"}
+        assert doc["primary"] == ("ddtree" if "ddtree" in runs else "chain")
+        recorded = doc["runs"]
         depth = doc["config"]["decode"]["block_size"] - 1
-        assert s["tau"] == pytest.approx(sum(len(st["committed"]) for st in steps) / len(steps))
-        assert s["acceptance_histogram"] == [accepted.count(k) for k in range(depth + 1)]
-        assert s["per_position_acceptance"] == pytest.approx([np.mean([a > d for a in accepted])
-                                                              for d in range(depth)])
-        runs = doc["runs"]
-        for mode in ("ar", "ddtree"):
-            mode_steps = [st for st in doc["steps"] if st["mode"] == mode]
-            seconds = (runs[mode]["prefill_ns"] + sum(st["wall_ns"] for st in mode_steps)) / 1e9
-            assert s[f"{mode}_tokens_per_s"] == pytest.approx(len(runs[mode]["tokens"]) / seconds)
-            generated = [runs[mode]["first_token"]] + [t for st in mode_steps for t in st["committed"]]
-            assert generated[:len(runs[mode]["tokens"])] == runs[mode]["tokens"]
-        assert s["greedy_exact"] == (runs["ar"]["tokens"] == runs["ddtree"]["tokens"])
-        assert s["speedup"] == pytest.approx(s["ddtree_tokens_per_s"] / s["ar_tokens_per_s"])
+        for mode, s in doc["summaries"].items():
+            steps = [st for st in doc["steps"] if st["mode"] == mode]
+            accepted = [len(st["path"]) - 1 for st in steps]
+            assert s["mode"] == mode
+            assert s["tau"] == pytest.approx(sum(len(st["committed"]) for st in steps) / len(steps))
+            assert s["acceptance_histogram"] == [accepted.count(k) for k in range(depth + 1)]
+            assert s["per_position_acceptance"] == pytest.approx([np.mean([a > d for a in accepted])
+                                                                  for d in range(depth)])
+            for run_mode, prefix in (("ar", "ar_"), (mode, "")):
+                mode_steps = [st for st in doc["steps"] if st["mode"] == run_mode]
+                seconds = (recorded[run_mode]["prefill_ns"] + sum(st["wall_ns"] for st in mode_steps)) / 1e9
+                assert s[f"{prefix}tokens_per_s"] == pytest.approx(len(recorded[run_mode]["tokens"]) / seconds)
+                generated = [recorded[run_mode]["first_token"]] + [t for st in mode_steps for t in st["committed"]]
+                assert generated[:len(recorded[run_mode]["tokens"])] == recorded[run_mode]["tokens"]
+            assert s["matches_ar"] == (recorded["ar"]["tokens"] == recorded[mode]["tokens"])
+            assert s["speedup"] == pytest.approx(s["tokens_per_s"] / s["ar_tokens_per_s"])
         for st in doc["steps"]:
             assert st["num_accepted"] == len(st["path"]) - 1
             assert sum(st["timings_ns"][k] for k in st["timings_ns"] if k.count("/") == 1) <= st["timings_ns"]["step"]
 
 
-def test_report_json_steps_round_trip_the_records(real_pair):
-    for ar, dd in pairs(real_pair):
-        doc = json.loads(report.render(ar, dd, "report.json"))
-        assert len(doc["steps"]) == ar.num_steps + dd.num_steps
-        for rec, st in zip((*ar.steps, *dd.steps), doc["steps"], strict=True):
+def test_report_json_steps_round_trip_the_records(real_runs):
+    for runs in run_sets(real_runs):
+        doc = json.loads(report.render(runs, "report.json"))
+        records = [step for run in runs.values() for step in run.steps]
+        assert len(doc["steps"]) == len(records)
+        for rec, st in zip(records, doc["steps"], strict=True):
             tree = rec.tree
             assert st["tree"]["tokens"] == tree.tokens and st["tree"]["parents"] == tree.parents
             assert st["tree"]["scores"] == [s if np.isfinite(s) else None for s in tree.scores]
@@ -136,24 +143,25 @@ def test_report_json_steps_round_trip_the_records(real_pair):
             assert st["timings_ns"] == rec.timings_ns
 
 
-def test_report_json_kernel_rows_match_the_kernel_table(real_pair):
-    ar, dd = real_pair
-    doc = json.loads(report.render(ar, dd, "report.json"))
-    assert doc["kernels"] == json.loads(json.dumps(metrics.kernel_table(ar) + metrics.kernel_table(dd)))
-    names = {r["name"] for r in doc["kernels"] if r["mode"] == "ddtree"}
-    assert {"step", "step/draft", "step/tree_build", "step/verify", "step/verify/layer0/attn/verify_attn",
-            "step/verify/lm_head", "step/tree_accept", "step/kv_compact"} <= names
+def test_report_json_kernel_rows_match_the_kernel_table(real_runs):
+    doc = json.loads(report.render(real_runs, "report.json"))
+    assert doc["kernels"] == json.loads(json.dumps([row for run in real_runs.values()
+                                                    for row in metrics.kernel_table(run)]))
+    for mode in ("chain", "ddtree"):
+        names = {r["name"] for r in doc["kernels"] if r["mode"] == mode}
+        assert {"step", "step/draft", "step/tree_build", "step/verify", "step/verify/layer0/attn/verify_attn",
+                "step/verify/lm_head", "step/tree_accept", "step/kv_compact", "step/draft_update"} <= names
 
 
 # -- trace.json -----------------------------------------------------------------------------------------------
 
 
-def test_trace_parses_and_nests(real_pair):
-    for ar, dd in pairs(real_pair):
-        doc = json.loads(report.render(ar, dd, "trace.json"))
+def test_trace_parses_and_nests(real_runs):
+    for runs in run_sets(real_runs):
+        doc = json.loads(report.render(runs, "trace.json"))
         xs = check_trace(doc)
-        for run in (ar, dd):
-            pid = {"ar": 1, "ddtree": 2}[run.mode]
+        for run in runs.values():
+            pid = {"ar": 1, "chain": 2, "ddtree": 3}[run.mode]
             steps = [e for e in xs if e["pid"] == pid and e["args"].get("range") == "step"]
             assert [e["args"]["step"] for e in steps] == list(range(run.num_steps))
             assert [round(e["dur"] * 1000) for e in steps] == [s.timings_ns["step"] for s in run.steps]
@@ -162,29 +170,30 @@ def test_trace_parses_and_nests(real_pair):
 
 
 def test_trace_places_captured_kernels_on_named_stream_tracks():
-    ar, dd = fake_pair(random.randrange(2**31))
+    runs = fake_runs(random.randrange(2**31))
+    dd = runs["ddtree"]
     rng = random.Random()
     kernels = [KernelEvent(f"k{i}", 7, rng.randrange(dd.num_steps), "step/verify", rng.randrange(200_000),
                            rng.randrange(1, 50_000)) for i in range(40)]
     kernels += [KernelEvent("memcpy", 13, None, None, rng.randrange(1000), 500)]
     empty = RunCapture([], [], [])
     capture = Capture(["cpu", "cuda"], {"ar": empty, "ddtree": RunCapture([], [], kernels)})
-    doc = json.loads(report.render(ar, dd, "trace.json", capture))
+    doc = json.loads(report.render(runs, "trace.json", capture))
     xs = check_trace(doc)
     assert sum(e["tid"] == 107 for e in xs) == 40 and sum(e["tid"] == 113 for e in xs) == 1
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
-    assert "CUDA stream 7" in names[(2, 107)] and "CUDA stream 13" in names[(2, 113)]
+    assert "CUDA stream 7" in names[(3, 107)] and "CUDA stream 13" in names[(3, 113)]
 
 
 # -- CSVs, HTML, figures -------------------------------------------------------------------------------------
 
 
-def test_csvs_have_the_documented_columns_and_values(real_pair):
-    for ar, dd in pairs(real_pair):
-        steps = list(csv.DictReader(io.StringIO(report.render(ar, dd, "steps.csv").decode())))
-        kernels = list(csv.DictReader(io.StringIO(report.render(ar, dd, "kernels.csv").decode())))
+def test_csvs_have_the_documented_columns_and_values(real_runs):
+    for runs in run_sets(real_runs):
+        steps = list(csv.DictReader(io.StringIO(report.render(runs, "steps.csv").decode())))
+        kernels = list(csv.DictReader(io.StringIO(report.render(runs, "kernels.csv").decode())))
         assert tuple(steps[0]) == export_csv.STEP_COLUMNS and tuple(kernels[0]) == export_csv.KERNEL_COLUMNS
-        records = [*ar.steps, *dd.steps]
+        records = [step for run in runs.values() for step in run.steps]
         assert len(steps) == len(records)
         for row, rec in zip(steps, records, strict=True):
             assert (row["mode"], int(row["step"]), int(row["num_accepted"])) == (rec.mode, rec.index,
@@ -194,26 +203,30 @@ def test_csvs_have_the_documented_columns_and_values(real_pair):
             stages = [float(row[f"{s}_ms"]) for s in export_csv.STAGES if row[f"{s}_ms"]]
             assert sum(stages) + float(row["other_ms"]) == pytest.approx(float(row["step_ms"]))
             assert (row["draft_ms"] == "") == (rec.mode == "ar")
-        assert len(kernels) == len(metrics.kernel_table(ar)) + len(metrics.kernel_table(dd))
+        assert len(kernels) == sum(len(metrics.kernel_table(run)) for run in runs.values())
         assert all(r["profiler_cpu_ms"] == "" and r["device_ms"] == "" for r in kernels)
 
 
-def test_report_html_is_self_contained(real_pair):
-    for ar, dd in pairs(real_pair)[:2]:
-        page = report.render(ar, dd, "report.html").decode()
+def test_report_html_is_self_contained(real_runs):
+    for runs in run_sets(real_runs)[::3]:
+        page = report.render(runs, "report.html").decode()
         parser = ExternalRefs()
         parser.feed(page)
         assert parser.refs == [] and parser.num_scripts >= 1
         assert "@import" not in page and "cdn.plot.ly" not in page.split("</head>")[0]
-        for heading in ("Summary", "Kernel breakdown", "Per-step timeline", "Acceptance", "Token diff",
-                        "Trees of chosen steps"):
+        for heading in ("Summary", "Kernel breakdown", "Per-step timeline", "Acceptance", "Token diff"):
             assert f"<h2>{heading}</h2>" in page
+        primary = "DDTree" if "ddtree" in runs else "chain"
+        assert f"<h2>Trees of chosen {primary} steps</h2>" in page
+        assert all(f"{label} emitted exactly the AR tokens" in page or f"{label} diverged from AR" in page
+                   for label in {"chain": "chain", "ddtree": "DDTree"}.values() if label.lower() in
+                   [m.lower() for m in runs])
         assert "Plotly.newPlot" in page and page.count("plotly.js v") >= 1
 
 
-def test_tree_layout_is_layered_and_subtrees_are_contiguous(real_pair):
-    _, dd = real_pair
-    for step in [*dd.steps, *fake_pair(random.randrange(2**31))[1].steps]:
+def test_tree_layout_is_layered_and_subtrees_are_contiguous(real_runs):
+    dd = real_runs["ddtree"]
+    for step in [*dd.steps, *fake_runs(random.randrange(2**31))["ddtree"].steps]:
         tree = step.tree
         pos = figures.tree_layout(tree)
         assert set(pos) == set(figures.real_nodes(tree))
@@ -242,42 +255,42 @@ def test_tree_layout_is_layered_and_subtrees_are_contiguous(real_pair):
 
 
 def test_write_all_refuses_to_overwrite_without_force(tmp_path):
-    ar, dd = fake_pair(random.randrange(2**31))
-    paths = report.write_all(ar, dd, tmp_path / "new" / "dir")
+    runs = fake_runs(random.randrange(2**31))
+    paths = report.write_all(runs, tmp_path / "new" / "dir")
     assert sorted(p.name for p in paths) == sorted(report.FORMATS)
     target = tmp_path / "out"
     target.mkdir()
     sentinel = f"keep me {random.random()}"
     (target / "steps.csv").write_text(sentinel)
     with pytest.raises(report.ReportError, match="--force"):
-        report.write_all(ar, dd, target)
+        report.write_all(runs, target)
     assert (target / "steps.csv").read_text() == sentinel
     assert sorted(os.listdir(target)) == ["steps.csv"]
-    report.write_all(ar, dd, target, force=True)
-    assert (target / "steps.csv").read_bytes() == report.render(ar, dd, "steps.csv")
+    report.write_all(runs, target, force=True)
+    assert (target / "steps.csv").read_bytes() == report.render(runs, "steps.csv")
     assert not [n for n in os.listdir(target) if n.endswith(".tmp")]
 
 
 def test_write_all_rejects_a_file_or_an_uncreatable_directory(tmp_path):
-    ar, dd = fake_pair(random.randrange(2**31))
+    runs = fake_runs(random.randrange(2**31))
     (tmp_path / "f").write_text("x")
     with pytest.raises(report.ReportError, match="not a directory"):
-        report.write_all(ar, dd, tmp_path / "f")
+        report.write_all(runs, tmp_path / "f")
     with pytest.raises(report.ReportError, match="cannot create"):
-        report.write_all(ar, dd, tmp_path / "f" / "sub")
+        report.write_all(runs, tmp_path / "f" / "sub")
     with pytest.raises(report.ReportError, match="unknown report format"):
-        report.render(ar, dd, "report.xml")
+        report.render(runs, "report.xml")
 
 
 def test_write_all_rejects_a_read_only_directory(tmp_path, monkeypatch):
-    ar, dd = fake_pair(random.randrange(2**31))
+    runs = fake_runs(random.randrange(2**31))
     tmp_path.chmod(0o500)
     if os.geteuid() == 0:  # root may write anyway: make the permission check see what a user would
         real_access = os.access
         monkeypatch.setattr(report.os, "access", lambda p, mode: real_access(p, mode) and pathlib.Path(p) != tmp_path)
     try:
         with pytest.raises(report.ReportError, match="not writable"):
-            report.write_all(ar, dd, tmp_path)
+            report.write_all(runs, tmp_path)
         assert not any(tmp_path.iterdir()), "nothing written"
     finally:
         tmp_path.chmod(0o700)
@@ -326,9 +339,9 @@ def test_attribute_assigns_kernels_to_the_innermost_range():
 
 
 def test_cpu_capture_lines_up_with_the_timers(captured, tmp_path):
-    ar, dd, capture = captured
-    assert capture.activities == ["cpu"]
-    for run in (ar, dd):
+    runs, capture = captured
+    assert capture.activities == ["cpu"] and set(capture.runs) == {"ar", "chain", "ddtree"}
+    for run in runs.values():
         rt = capture.runs[run.mode].range_times()
         names = {n for s in run.steps for n in s.timings_ns}
         assert names <= set(rt) and "prefill" in rt
@@ -343,7 +356,7 @@ def test_cpu_capture_lines_up_with_the_timers(captured, tmp_path):
             kids = [k for k in names if parents[k] == name]
             assert sum(rt[k].cpu_ms for k in kids) <= rt[name].cpu_ms, name
         assert any(o.name.startswith("ddtree::verify_attn") for o in capture.runs[run.mode].ops)
-    report.write_all(ar, dd, tmp_path, capture=capture)
+    report.write_all(runs, tmp_path, capture=capture)
     doc = json.loads((tmp_path / "report.json").read_text())
     jsonschema.validate(doc, REPORT_SCHEMA)
     rows = [r for r in doc["kernels"] if r["name"] == "step/verify"]
@@ -353,14 +366,14 @@ def test_cpu_capture_lines_up_with_the_timers(captured, tmp_path):
 
 
 def test_html_shows_device_columns_only_for_a_cuda_capture():
-    ar, dd = fake_pair(random.randrange(2**31))
+    runs = fake_runs(random.randrange(2**31))
     ops = [OpTime("step/verify", "aten::mm", 3, 1.5, 0.25)]
     for activities in (["cpu"], ["cpu", "cuda"]):
-        runs = {m: RunCapture([RangeTime("step", dd.num_steps, 2.0, 0.5)], ops, []) for m in ("ar", "ddtree")}
-        page = report.render(ar, dd, "report.html", Capture(activities, runs)).decode()
+        captures = {m: RunCapture([RangeTime("step", runs[m].num_steps, 2.0, 0.5)], ops, []) for m in runs}
+        page = report.render(runs, "report.html", Capture(activities, captures)).decode()
         assert "aten::mm" in page and ("<th>device ms</th>" in page) == ("cuda" in activities)
-        kernels = list(csv.DictReader(io.StringIO(report.render(ar, dd, "kernels.csv", Capture(activities,
-                                                                                                  runs)).decode())))
+        kernels = list(csv.DictReader(io.StringIO(report.render(runs, "kernels.csv", Capture(activities,
+                                                                                               captures)).decode())))
         step = [r for r in kernels if r["name"] == "step"]
         assert all(r["profiler_cpu_ms"] == "2.0" for r in step)
         assert all(r["device_ms"] == ("0.5" if "cuda" in activities else "") for r in step)

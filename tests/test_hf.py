@@ -27,6 +27,7 @@ from engine import reference, rope
 from engine.__main__ import main as cli_main
 from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
+from engine.drafters import DrafterSpec
 from engine.hf import ARCHITECTURE, HF_DEFAULTS, HFLoadError, config_from_hf, read_hf_dir
 from engine.kdtr import read_kdtr, write_kdtr
 from engine.loading import ModelLoadError, load_model
@@ -157,7 +158,7 @@ def test_engine_matches_transformers_greedy_and_logits(saved):
     assert len(theirs) == NUM_NEW
     cfg = DecodeConfig(budget=12, block_size=4, max_new_tokens=NUM_NEW, device="cpu", dtype="float32")
     ar = decode(saved.ckpt, saved.prompt, cfg, "ar")
-    dd = decode(saved.ckpt, saved.prompt, cfg, "ddtree", noise=0.5, drafter_seed=saved.seed)
+    dd = decode(saved.ckpt, saved.prompt, cfg, "ddtree", DrafterSpec(noise=0.5, seed=saved.seed))
     assert ar.tokens == theirs
     assert dd.tokens == theirs
     assert dd.num_steps < NUM_NEW - 1, "the oracle's drafts were accepted at least once"

@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 import pytest
-from fake_records import fake_pair
+from fake_records import fake_runs
 
 from profiling import metrics
 from profiling.spans import nested, packed_spans, run_spans, step_slots
@@ -27,7 +27,7 @@ def seeds(n: int) -> list[int]:
 
 @pytest.mark.parametrize("seed", seeds(4))
 def test_fake_records_are_consistent(seed):
-    ar, dd = fake_pair(seed)
+    ar, dd = fake_runs(seed).values()
     for step in (*ar.steps, *dd.steps):
         assert greedy_accept(step.tree.tokens, step.tree.parents, step.target) == step.path
         assert step.committed == [step.target[n] for n in step.path]
@@ -39,7 +39,7 @@ def test_fake_records_are_consistent(seed):
 def test_acceptance_metrics_agree_with_the_steps(seed):
     rng = random.Random(seed)
     block = rng.randint(2, 9)
-    ar, dd = fake_pair(seed, budget=rng.randint(block - 1, 20), block_size=block, max_new=rng.randint(2, 30))
+    ar, dd = fake_runs(seed, budget=rng.randint(block - 1, 20), block_size=block, max_new=rng.randint(2, 30)).values()
     s = metrics.summarize(ar, dd)
     accepted = np.array([len(st.path) - 1 for st in dd.steps])
     hist = np.bincount(accepted, minlength=block)
@@ -50,18 +50,18 @@ def test_acceptance_metrics_agree_with_the_steps(seed):
     assert s["tau"] == pytest.approx(np.mean([len(st.committed) for st in dd.steps]))
     assert s["tau"] == pytest.approx(1 + accepted.mean())
     assert s["num_steps"] == len(dd.steps) and s["ar_num_steps"] == len(ar.steps)
-    assert s["greedy_exact"] and s["first_divergence"] is None
+    assert s["matches_ar"] and s["first_divergence"] is None
 
 
 @pytest.mark.parametrize("seed", seeds(3))
 def test_speed_metrics(seed):
-    ar, dd = fake_pair(seed)
+    ar, dd = fake_runs(seed).values()
     s = metrics.summarize(ar, dd)
-    for run, key in ((ar, "ar"), (dd, "ddtree")):
+    for run, prefix in ((ar, "ar_"), (dd, "")):
         seconds = (run.prefill_ns + sum(st.wall_ns for st in run.steps)) / 1e9
-        assert s[f"{key}_tokens_per_s"] == pytest.approx(len(run.tokens) / seconds)
-        assert s[f"{key}_time_ms"] == pytest.approx(run.wall_ns / 1e6)
-    assert s["speedup"] == pytest.approx(s["ddtree_tokens_per_s"] / s["ar_tokens_per_s"])
+        assert s[f"{prefix}tokens_per_s"] == pytest.approx(len(run.tokens) / seconds)
+        assert s[f"{prefix}time_ms"] == pytest.approx(run.wall_ns / 1e6)
+    assert s["speedup"] == pytest.approx(s["tokens_per_s"] / s["ar_tokens_per_s"])
 
 
 @pytest.mark.parametrize("seed", seeds(4))
@@ -69,40 +69,42 @@ def test_first_divergence(seed):
     rng = random.Random(seed)
     max_new = rng.randint(3, 20)
     at = rng.randrange(max_new)
-    ar, dd = fake_pair(seed, max_new=max_new, diverge_at=at)
+    ar, dd = fake_runs(seed, max_new=max_new, diverge_at=at).values()
     div = metrics.summarize(ar, dd)["first_divergence"]
     assert div["position"] == at
-    assert div["ar_token"] == ar.tokens[at] != div["ddtree_token"] == dd.tokens[at]
+    assert div["ar_token"] == ar.tokens[at] != div["token"] == dd.tokens[at]
     row = np.sort(ar.logits[at])
     assert div["logit_gap"] == pytest.approx(row[-1] - row[-2])
-    assert div["ddtree_token_gap"] == pytest.approx(ar.logits[at].max() - ar.logits[at][dd.tokens[at]])
+    assert div["token_gap"] == pytest.approx(ar.logits[at].max() - ar.logits[at][dd.tokens[at]])
     if at == 0:
-        assert div["ddtree_step"] is None
+        assert div["step"] is None
     else:
-        step = dd.steps[div["ddtree_step"]]
+        step = dd.steps[div["step"]]
         before = 1 + sum(len(s.committed) for s in dd.steps[:step.index])
         assert before <= at < before + len(step.committed)
 
 
 def test_first_divergence_of_different_lengths():
-    ar, dd = fake_pair(random.randrange(2**31))
+    ar, dd = fake_runs(random.randrange(2**31)).values()
     dd.tokens = dd.tokens[:-2]
     div = metrics.first_divergence(ar, dd)
-    assert div["position"] == len(dd.tokens) and div["ddtree_token"] is None and div["ddtree_token_gap"] is None
+    assert div["position"] == len(dd.tokens) and div["token"] is None and div["token_gap"] is None
 
 
 def test_summarize_rejects_runs_that_are_not_a_pair():
-    ar, dd = fake_pair(random.randrange(2**31))
-    with pytest.raises(ValueError, match="AR run then a DDTree run"):
+    ar, dd = fake_runs(random.randrange(2**31)).values()
+    with pytest.raises(ValueError, match="an AR run and a chain or DDTree run, got modes 'ddtree' and 'ar'"):
         metrics.summarize(dd, ar)
-    other_ar, _ = fake_pair(random.randrange(2**31), block_size=3)
+    with pytest.raises(ValueError, match="an AR run then at least one speculative run"):
+        metrics.summarize_runs({"ddtree": dd})
+    other_ar, _ = fake_runs(random.randrange(2**31), block_size=3).values()
     with pytest.raises(ValueError, match="differ in their"):
         metrics.summarize(other_ar, dd)
 
 
 @pytest.mark.parametrize("seed", seeds(3))
 def test_kernel_table(seed):
-    ar, dd = fake_pair(seed)
+    ar, dd = fake_runs(seed).values()
     for run in (ar, dd):
         rows = metrics.kernel_table(run)
         by_name = {r["name"]: r for r in rows}
@@ -139,7 +141,7 @@ def test_range_parents_and_tree_order():
 
 @pytest.mark.parametrize("seed", seeds(3))
 def test_packed_spans_keep_durations_and_nest(seed):
-    ar, dd = fake_pair(seed)
+    ar, dd = fake_runs(seed).values()
     for step in dd.steps:
         spans = packed_spans(step.timings_ns)
         assert {s.name: s.dur_ns for s in spans} == step.timings_ns  # parents cover children: nothing clipped
@@ -148,7 +150,7 @@ def test_packed_spans_keep_durations_and_nest(seed):
 
 @pytest.mark.parametrize("seed", seeds(2))
 def test_run_spans_lay_steps_back_to_back(seed):
-    _, dd = fake_pair(seed)
+    _, dd = fake_runs(seed).values()
     slots = step_slots(dd)
     assert slots[0][0] == dd.prefill_ns
     for (a, la), (b, _) in zip(slots, slots[1:], strict=False):

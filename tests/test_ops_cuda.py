@@ -117,11 +117,11 @@ def test_threshold_build_applies_to_log_probs(ops, monkeypatch, sharpness, budge
 def test_threshold_build_orders_tied_scores_like_the_heap(ops, monkeypatch, noise, budget):
     """The oracle drafter's rows share their values, so many nodes tie in (score, depth, rank) and differ only
     in the parent: the threshold build orders them by the parent's position, as the heap does."""
-    from engine.drafters import OracleDrafter
+    from engine.drafters.oracle import OracleDrafter
 
     seed = _seed()
     rng = random.Random(seed)
-    drafter = OracleDrafter([rng.randrange(5000) for _ in range(14)], 5000, noise=noise, seed=seed)
+    drafter = OracleDrafter([rng.randrange(5000) for _ in range(14)], 5000, 14, noise=noise, seed=seed)
     monkeypatch.setenv("DDTREE_TREE_BUILD", "threshold")
     _build_both(ops, drafter.table, budget, seed)
 

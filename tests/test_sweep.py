@@ -9,10 +9,11 @@ import pytest
 
 from engine.__main__ import main
 from engine.config import ConfigError, DecodeConfig
+from engine.drafters import DrafterSpec
 from engine.model import TargetModel
 from engine.session import decode
-from engine.sweep import budget_sweep, format_rows, parse_budgets
 from profiling.metrics import tau
+from profiling.sweep import budget_sweep, format_rows, parse_budgets
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +30,14 @@ def test_rows_match_independent_decodes(tiny_checkpoint, model):
     prompt = tiny_checkpoint.prompt.tolist()
     cfg = DecodeConfig(block_size=block_size, max_new_tokens=rng.randint(8, 24))
     progress = []
-    rows = budget_sweep(tiny_checkpoint, prompt, cfg, budgets, noise=noise, drafter_seed=seed,
+    rows = budget_sweep(tiny_checkpoint, prompt, cfg, budgets, DrafterSpec(noise=noise, seed=seed),
                         on_progress=lambda done, total: progress.append((done, total)), model=model,
                         repeats=random.randint(1, 3))
     assert [r["budget"] for r in rows] == sorted(set(budgets))
     assert progress == [(i + 1, len(rows)) for i in range(len(rows))]
     for row in rows:
         run = decode(tiny_checkpoint, prompt, dataclasses.replace(cfg, budget=row["budget"]), "ddtree",
-                     noise=noise, drafter_seed=seed, model=model)
+                     DrafterSpec(noise=noise, seed=seed), model=model)
         assert row["num_steps"] == run.num_steps
         assert row["tau"] == pytest.approx(tau(run))
         assert 1 <= row["tau"] <= min(row["budget"], block_size - 1) + 1

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from profiling import timers
+from engine import timers
+from engine.timers import Span, StepTimer, stage_category
 from profiling.spans import nested
-from profiling.timers import Span, StepTimer, stage_category
 
 
 def run_random_ranges(timer: StepTimer, rng: random.Random, depth: int, prefix: list[str]) -> list[str]:

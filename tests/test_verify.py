@@ -40,8 +40,13 @@ def test_verify_in_bfloat16_checks_ddtree_against_ar(capsys):
     assert ar == dd and lines[-1].startswith("PASS model_ddtree DDTREE==AR in bfloat16")
 
 
-def test_verify_without_golden_tokens_fails_clearly(capsys, tiny_checkpoint, tmp_path):
+def test_verify_without_golden_tokens_checks_against_ar(capsys, tiny_checkpoint, tmp_path):
     path = tmp_path / "no_golden.kdtr"
     write_kdtr(path, dataclasses.replace(tiny_checkpoint, golden_tokens=None, golden_logits=None))
-    assert main(["verify", "--fixture", str(path)]) == 1
-    assert "has no golden tokens" in capsys.readouterr().out
+    assert main(["verify", "--fixture", str(path), "--tree", "both", "--noise", "0.5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith("golden") for line in lines)
+    ar, chain, dd = (line.split(":")[1] for line in lines[:3])
+    assert ar == chain == dd == " " + " ".join(map(str, tiny_checkpoint.golden_tokens))
+    assert lines[-1] == "PASS model_ddtree CHAIN==AR and DDTREE==AR (24 tokens), greedy-exact; no golden tokens: " \
+                        "checked against AR"

@@ -10,9 +10,9 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from engine.records import RunRecord, StepRecord
-from engine.sweep import fastest
 from profiling.metrics import self_ns
 from profiling.spans import nested, step_spans
+from profiling.sweep import fastest
 
 _LAYER = re.compile(r"/layer\d+/")
 

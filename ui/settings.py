@@ -8,13 +8,14 @@ import streamlit as st
 import torch
 
 from engine.checkpoint import Checkpoint
+from engine.cli_options import TREES
 from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MIN_BLOCK_SIZE, DecodeConfig
+from engine.drafters import REGISTRY, DrafterSpec
 from engine.session import parse_prompt
 from ui import resources
 
-DRAFTERS = {"oracle": "Knows the greedy continuation (the fixture's golden tokens, or an AR run of the prompt) "
-                      "and ranks it first at every depth, with seeded distractors below; noise demotes or drops it."}
 DEFAULTS = DecodeConfig()
+TREE_LABELS = {"tree": "DDTree", "chain": "chain", "both": "chain and DDTree"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,9 +24,8 @@ class Settings:
 
     model: str
     prompt: tuple[int, ...]
-    drafter: str
-    noise: float
-    seed: int
+    drafter: DrafterSpec
+    tree: str  # a cli_options.TREES key: which speculative modes run beside AR
     budget: int
     block_size: int
     max_new_tokens: int
@@ -34,7 +34,16 @@ class Settings:
 
     def decode_config(self) -> DecodeConfig:
         return DecodeConfig(budget=self.budget, block_size=self.block_size, max_new_tokens=self.max_new_tokens,
-                            device=self.device, dtype=self.dtype, seed=self.seed)
+                            device=self.device, dtype=self.dtype)
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return TREES[self.tree]
+
+    @property
+    def stepped_mode(self) -> str:
+        """The mode the Decode page steps through: DDTree when it runs, else the chain."""
+        return self.modes[-1]
 
 
 def devices() -> list[str]:
@@ -112,19 +121,41 @@ def _prompt(vocab_size: int, fixture_prompt: list[int] | None) -> tuple[int, ...
         return None
 
 
+def _drafter() -> DrafterSpec | None:
+    """The drafter and the settings its registry entry reads; None (with the error shown) while they are bad."""
+    st.header("Drafter")
+    name = st.selectbox("Drafter", list(REGISTRY), key="drafter", help=REGISTRY[st.session_state.drafter].summary)
+    fields = REGISTRY[name].fields
+    values = {}
+    if "noise" in fields:
+        values["noise"] = float(st.slider("Noise", 0.0, 1.0, step=0.05, key="noise",
+                                          help="Probability that the oracle demotes or drops the true token at a "
+                                               "depth."))
+    if "seed" in fields:
+        values["seed"] = int(st.number_input("Seed", min_value=0, step=1, key="seed",
+                                             help="Seeds the drafter's distractors."))
+    if "model" in fields:
+        values["model"] = st.text_input("Drafter checkpoint", key="drafter_model",
+                                        help="A DFlash checkpoint directory on this server.").strip()
+    try:
+        return DrafterSpec(name, **values)
+    except ValueError as exc:
+        st.error(f"Drafter: {exc}")
+        return None
+
+
 def sidebar() -> Settings | None:
-    """Draw the sidebar; returns the chosen settings, or None while the prompt is invalid."""
+    """Draw the sidebar; returns the chosen settings, or None while the prompt or the drafter is invalid."""
     with st.sidebar:
         model = _model()
         ckpt = checkpoint(model)
         fixture_prompt = None if ckpt.prompt is None else [int(t) for t in ckpt.prompt]
         prompt = _prompt(ckpt.config.vocab_size, fixture_prompt)
-        st.header("Drafter")
-        drafter = st.selectbox("Drafter", list(DRAFTERS), key="drafter", help=DRAFTERS["oracle"])
-        noise = st.slider("Noise", 0.0, 1.0, step=0.05, key="noise",
-                          help="Probability that the oracle demotes or drops the true token at a depth.")
-        seed = st.number_input("Seed", min_value=0, step=1, key="seed", help="Seeds the drafter's distractors.")
+        drafter = _drafter()
         st.header("Decode")
+        tree = st.radio("Verify", list(TREES), key="verify_tree", horizontal=True, format_func=TREE_LABELS.get,
+                        help="The best-first tree (DDTree), the drafter's top-1 chain (DFlash's own verification), "
+                             "or both beside AR on the Profile, Compare and Report pages.")
         budget = st.number_input("Budget B (tree nodes)", 0, MAX_BUDGET, step=1, key="budget",
                                  help="Drafted nodes per step, root excluded; 0 is plain AR.")
         block_size = st.number_input("Block size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, step=1, key="block_size",
@@ -133,18 +164,21 @@ def sidebar() -> Settings | None:
                                          key="max_new_tokens")
         device = st.selectbox("Device", devices(), key="device", help="cuda is offered when torch sees a GPU.")
         dtype = st.selectbox("Dtype", list(DTYPES), key="dtype")
-    if prompt is None:
+    if prompt is None or drafter is None:
         return None
-    return Settings(model=model, prompt=prompt, drafter=drafter, noise=float(noise), seed=int(seed),
-                    budget=int(budget), block_size=int(block_size), max_new_tokens=int(max_new_tokens),
+    return Settings(model=model, prompt=prompt, drafter=drafter, tree=tree, budget=int(budget),
+                    block_size=int(block_size), max_new_tokens=int(max_new_tokens),
                     device=device, dtype=dtype)
 
 
 def init_widgets() -> None:
     """Widget defaults, set once per tab so that every page shows the same values."""
     ss = st.session_state
+    ss.setdefault("drafter", "oracle")
+    ss.setdefault("verify_tree", "tree")
+    ss.setdefault("drafter_model", "")
     ss.setdefault("noise", 0.0)
-    ss.setdefault("seed", DEFAULTS.seed)
+    ss.setdefault("seed", 0)
     ss.setdefault("budget", DEFAULTS.budget)
     ss.setdefault("block_size", DEFAULTS.block_size)
     ss.setdefault("max_new_tokens", DEFAULTS.max_new_tokens)

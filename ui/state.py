@@ -2,9 +2,9 @@
 
 Each browser tab has its own session_state, so two tabs never share a decoder. Keys (set up once by init()):
   settings  Settings the current decode was built with (None while the sidebar holds an invalid prompt)
-  decoder   the step-wise DDTree decoder of the Decode page (None until the first Step)
-  pair      (AR RunRecord, DDTree RunRecord) for the Profile, Compare and Report pages (None until needed)
-  reports   export file name -> bytes rendered from pair (None until the Report page asks)
+  decoder   the step-wise decoder of the Decode page, DDTree or chain (None until the first Step)
+  runs      mode -> RunRecord, AR first (decode_runs), for the Profile, Compare and Report pages (None until needed)
+  reports   export file name -> bytes rendered from runs (None until the Report page asks)
   sweep     the budget sweep's rows (None until run)
   uploads   uploaded or path-loaded checkpoints that loaded, by display name
 """
@@ -15,13 +15,14 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from engine.drafters import DrafterSpec
 from engine.model import TargetModel
-from engine.records import RunRecord, StepRecord
-from engine.session import decode_pair, make_decoder
-from engine.sweep import budget_sweep
+from engine.records import MODE_LABELS, RunRecord, StepRecord
+from engine.session import decode_runs, make_decoder
+from engine.timers import StepTimer
 from kernels import ExtensionBuildError
 from profiling import metrics
-from profiling.timers import StepTimer
+from profiling.sweep import budget_sweep
 from ui import resources
 from ui.settings import Settings, checkpoint
 
@@ -30,7 +31,7 @@ def init() -> None:
     ss = st.session_state
     ss.setdefault("settings", None)
     ss.setdefault("decoder", None)
-    ss.setdefault("pair", None)
+    ss.setdefault("runs", None)
     ss.setdefault("reports", None)
     ss.setdefault("sweep", None)
     ss.setdefault("uploads", {})
@@ -49,17 +50,30 @@ def apply(new: Settings | None) -> str | None:
     if new == old:
         return None
     ss.settings = new
-    ss.decoder, ss.pair, ss.reports, ss.sweep = None, None, None, None
+    ss.decoder, ss.runs, ss.reports, ss.sweep = None, None, None, None
     if old is None or new is None:
         return None
-    changed = [f"{f.name} {_short(getattr(old, f.name))} -> {_short(getattr(new, f.name))}"
-               for f in dataclasses.fields(Settings) if getattr(old, f.name) != getattr(new, f.name)]
+    changed = []
+    for f in dataclasses.fields(Settings):
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if a == b:
+            continue
+        if isinstance(a, DrafterSpec) and a.name == b.name:  # the drafter's own settings, one by one
+            changed += [f"{k} {_short(v)} -> {_short(b.settings()[k])}" for k, v in a.settings().items()
+                        if v != b.settings()[k]]
+        else:
+            changed.append(f"{f.name} {_short(a)} -> {_short(b)}")
     return f"Settings changed ({'; '.join(changed)}): the decode was reset."
 
 
 def _short(value: object) -> str:
-    text = ", ".join(map(str, value)) if isinstance(value, tuple) else str(value)
-    return text if len(text) <= 24 else text[:21] + "..."
+    """A setting's text; a long prompt is cut to its first tokens (paths and names are shown whole)."""
+    if isinstance(value, DrafterSpec):
+        return value.label()
+    if isinstance(value, tuple):
+        text = ", ".join(map(str, value[:8]))
+        return text + (f", ... ({len(value)} tokens)" if len(value) > 8 else "")
+    return str(value)
 
 
 def _model(s: Settings) -> TargetModel:
@@ -95,8 +109,8 @@ def advance(num_steps: int | None, on_step: Callable[[StepRecord], None] | None 
     ss = st.session_state
     s = ss.settings
     if ss.decoder is None:
-        ss.decoder = _engine(make_decoder, checkpoint(s.model), list(s.prompt), s.decode_config(), "ddtree",
-                             noise=s.noise, drafter_seed=s.seed, timer=StepTimer(s.device), model=_model(s))
+        ss.decoder = _engine(make_decoder, checkpoint(s.model), list(s.prompt), s.decode_config(), s.stepped_mode,
+                             s.drafter, timer=StepTimer(s.device), model=_model(s))
     num_run = 0
     while not ss.decoder.done and (num_steps is None or num_run < num_steps):
         record = _engine(ss.decoder.step)
@@ -122,24 +136,25 @@ def generated(max_new_tokens: int) -> list[tuple[int, int]]:
     return out[:max_new_tokens]
 
 
-def pair() -> tuple[RunRecord, RunRecord]:
-    """The AR and DDTree runs of the current settings, decoded once per settings (profiled)."""
+def runs() -> dict[str, RunRecord]:
+    """AR and the speculative runs of the current settings, decoded once per settings (profiled)."""
     ss = st.session_state
-    if ss.pair is None:
+    if ss.runs is None:
         s = ss.settings
-        with st.spinner("Decoding the prompt with AR, then with DDTree..."):
-            ss.pair = _engine(decode_pair, checkpoint(s.model), list(s.prompt), s.decode_config(), noise=s.noise,
-                              drafter_seed=s.seed, profile_timers=True, model=_model(s))
-    return ss.pair
+        names = " and ".join(MODE_LABELS[m] for m in s.modes)
+        with st.spinner(f"Decoding the prompt with AR, then with {names}..."):
+            ss.runs = _engine(decode_runs, checkpoint(s.model), list(s.prompt), s.decode_config(), s.drafter,
+                              s.modes, profile_timers=True, model=_model(s))
+    return ss.runs
 
 
-def forget_pair() -> None:
-    st.session_state.pair = st.session_state.reports = None
+def forget_runs() -> None:
+    st.session_state.runs = st.session_state.reports = None
 
 
 def sweep(budgets: list[int], repeats: int, on_progress: Callable[[int, int], None]) -> list[dict]:
     ss = st.session_state
     s = ss.settings
-    ss.sweep = _engine(budget_sweep, checkpoint(s.model), list(s.prompt), s.decode_config(), budgets,
-                       noise=s.noise, drafter_seed=s.seed, on_progress=on_progress, model=_model(s), repeats=repeats)
+    ss.sweep = _engine(budget_sweep, checkpoint(s.model), list(s.prompt), s.decode_config(), budgets, s.drafter,
+                       on_progress=on_progress, model=_model(s), repeats=repeats)
     return ss.sweep

@@ -1,7 +1,7 @@
 """Small renderers shared by the pages: coloured token strips and per-step tables."""
 from __future__ import annotations
 
-from engine.records import RunRecord, StepRecord
+from engine.records import MODE_LABELS, RunRecord, StepRecord
 from profiling.metrics import committing_step, stage_ns, top2_gap
 
 # Pastel colours that keep dark token text readable, cycled per step; the prefill token is grey.
@@ -44,28 +44,35 @@ def tree_caption(step: StepRecord) -> str:
             f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{step.bonus}**.")
 
 
-def compare_rows(ar: RunRecord, dd: RunRecord) -> list[dict]:
-    """Position by position: the AR token, the DDTree token, whether they agree, the AR logits' top-1/top-2
-    gap there (a near tie is where numerics could flip greedy) and the DDTree step that committed it."""
+def compare_rows(runs: dict[str, RunRecord]) -> list[dict]:
+    """Position by position: the AR token, each speculative run's token, whether they all agree, the AR logits'
+    top-1/top-2 gap there (a near tie is where numerics could flip greedy) and the step that committed it."""
+    ar = runs["ar"]
+    others = {mode: run for mode, run in runs.items() if mode != "ar"}
     rows = []
-    for pos in range(max(len(ar.tokens), len(dd.tokens))):
+    for pos in range(max(len(run.tokens) for run in runs.values())):
         a = ar.tokens[pos] if pos < len(ar.tokens) else None
-        d = dd.tokens[pos] if pos < len(dd.tokens) else None
-        gap = top2_gap(ar.logits[pos]) if ar.logits is not None and pos < len(ar.logits) else None
-        step = committing_step(dd, pos)
-        rows.append({"position": pos, "AR": a, "DDTree": d, "equal": a == d, "AR top-1/top-2 gap": gap,
-                     "DDTree step": "prefill" if step is None else str(step)})
+        row = {"position": pos, "AR": a}
+        for mode, run in others.items():
+            row[MODE_LABELS[mode]] = run.tokens[pos] if pos < len(run.tokens) else None
+        row["equal"] = all(row[MODE_LABELS[m]] == a for m in others)
+        row["AR top-1/top-2 gap"] = top2_gap(ar.logits[pos]) if ar.logits is not None and pos < len(ar.logits) \
+            else None
+        for mode, run in others.items():
+            step = committing_step(run, pos)
+            row[f"{MODE_LABELS[mode]} step"] = "prefill" if step is None else str(step)
+        rows.append(row)
     return rows
 
 
 def verdict(summary: dict) -> tuple[bool, str]:
-    """(greedy-exact?, the sentence that says so)."""
-    n = summary["num_generated"]
+    """(the speculative run emitted exactly the AR tokens?, the sentence that says so)."""
+    n, label = summary["num_generated"], MODE_LABELS[summary["mode"]]
     div = summary["first_divergence"]
-    if summary["greedy_exact"]:
-        return True, (f"Greedy-exact: DDTree emitted exactly the AR tokens ({n} of {n} positions equal, "
-                      f"in {summary['num_steps']} DDTree steps vs {summary['ar_num_steps']} AR steps).")
+    if summary["matches_ar"]:
+        return True, (f"Greedy-exact: {label} emitted exactly the AR tokens ({n} of {n} positions equal, "
+                      f"in {summary['num_steps']} {label} steps vs {summary['ar_num_steps']} AR steps).")
     gap = "n/a" if div["logit_gap"] is None else f"{div['logit_gap']:.4g}"
-    return False, (f"NOT greedy-exact: DDTree first diverges from AR at position {div['position']} "
-                   f"(AR token {div['ar_token']}, DDTree token {div['ddtree_token']}); the AR logits' top-1/top-2 "
+    return False, (f"NOT greedy-exact: {label} first diverges from AR at position {div['position']} "
+                   f"(AR token {div['ar_token']}, {label} token {div['token']}); the AR logits' top-1/top-2 "
                    f"gap there is {gap}.")

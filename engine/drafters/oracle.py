@@ -1,46 +1,36 @@
-"""Drafters: who proposes the next L tokens' log-probabilities, each position independent (a block drafter)."""
+"""The oracle drafter: knows the target's own continuation and ranks it first, with seeded distractors below."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from .base import DraftTarget
+
+if TYPE_CHECKING:
+    from .registry import DrafterSpec
+
+SUMMARY = ("Knows the target's continuation (the fixture's golden tokens, else an AR run of the prompt) and ranks "
+           "it first at every depth, with seeded distractors below; noise demotes or drops it.")
 NUM_CANDIDATES = 8  # tokens the oracle ranks explicitly: the truth plus seeded distractors
 RANK_GAP = 1.0  # logit step between consecutive distractor ranks
 TRUTH_MARGIN = 3.0  # logit lead of the undemoted true token over the best distractor
 FLOOR = -12.0  # logit of every token outside the ranked candidates
 
 
-class Drafter(Protocol):
-    """propose() must not read device values on the host: it runs inside the no-sync decode step."""
-
-    name: str
-
-    def propose(self, generated: torch.Tensor, num_generated: torch.Tensor, num_positions: int) -> torch.Tensor:
-        """generated [T] int64 (the committed generated tokens, valid up to num_generated, a 0-dim tensor);
-        returns float32 log-probabilities [num_positions, V] for generated positions num_generated,
-        num_generated + 1, ..."""
-        ...
-
-    def describe(self) -> dict:
-        ...
-
-
 class OracleDrafter:
-    """Knows the greedy continuation and ranks it first, with seeded distractors below.
-
-    noise is the chance, per drafted position, that the true token is demoted: half the time to a random
-    lower rank among the candidates, half the time out of them (below every other token). Positions past
-    the known continuation get distractors only. All draws are made up front per absolute position, so a
-    proposal is one device gather: no host sync, and the same tree whatever the device.
-    """
+    """noise is the chance, per drafted position, that the true token is demoted: half the time to a random
+    lower rank among the candidates, half the time out of them (below every other token). Positions past the
+    known continuation get distractors only. All draws are made up front per generated position, so a
+    proposal is one device gather: no host sync, and the same tree whatever the device."""
 
     name = "oracle"
+    hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, continuation: Sequence[int], vocab_size: int, noise: float = 0.0, seed: int = 0,
-                 num_positions: int | None = None, device: torch.device | str = "cpu") -> None:
+    def __init__(self, continuation: Sequence[int], vocab_size: int, num_draft_positions: int, noise: float = 0.0,
+                 seed: int = 0, num_positions: int | None = None, device: torch.device | str = "cpu") -> None:
         if not 0.0 <= noise <= 1.0:
             raise ValueError(f"noise={noise!r} is out of range: expected a probability in [0, 1]")
         if vocab_size < 2:
@@ -49,9 +39,11 @@ class OracleDrafter:
         if truth.size and (truth.min() < 0 or truth.max() >= vocab_size):
             raise ValueError(f"continuation has token ids outside [0, {vocab_size})")
         self.noise, self.seed, self.vocab_size = noise, seed, vocab_size
+        self.num_known = int(truth.size)
         rows = (num_positions or truth.size) + 1
         self.demoted = np.zeros(rows, dtype=bool)
         self.table = torch.from_numpy(self._build(truth, rows)).to(device)  # [rows, V] log-probs
+        self.num_draft_positions = num_draft_positions  # L
 
     def _build(self, truth: np.ndarray, rows: int) -> np.ndarray:
         rng = np.random.default_rng(self.seed)
@@ -79,10 +71,24 @@ class OracleDrafter:
         logits -= np.logaddexp.reduce(logits, axis=1, keepdims=True)
         return logits.astype(np.float32)
 
-    def propose(self, generated: torch.Tensor, num_generated: torch.Tensor, num_positions: int) -> torch.Tensor:
-        rows = (num_generated + torch.arange(num_positions, device=self.table.device)).clamp(
+    def begin(self, prompt: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        pass
+
+    def propose(self, root: torch.Tensor, num_generated: torch.Tensor) -> torch.Tensor:
+        rows = (num_generated + torch.arange(self.num_draft_positions, device=self.table.device)).clamp(
             max=self.table.shape[0] - 1)
         return self.table.index_select(0, rows)
 
+    def commit(self, path: torch.Tensor, path_len: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        pass
+
     def describe(self) -> dict:
-        return {"name": self.name, "noise": self.noise, "seed": self.seed}
+        return {"name": self.name, "noise": self.noise, "seed": self.seed, "known_tokens": self.num_known}
+
+
+def build(spec: DrafterSpec, target: DraftTarget) -> OracleDrafter:
+    """The oracle knows every position a decode of target.cfg can draft at: max_new_tokens + block_size."""
+    cfg, model = target.cfg, target.model
+    num_positions = cfg.max_new_tokens + cfg.block_size
+    return OracleDrafter(target.continuation(num_positions), model.cfg.vocab_size, cfg.num_draft_positions,
+                         noise=spec.noise, seed=spec.seed, num_positions=num_positions, device=model.device)

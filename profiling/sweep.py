@@ -14,13 +14,15 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from profiling.metrics import run_time_ns, tau, tokens_per_s
+from engine import cli_options as opts
+from engine.checkpoint import Checkpoint
+from engine.config import MAX_BUDGET, DecodeConfig
+from engine.drafters import DrafterSpec
+from engine.model import TargetModel
+from engine.session import ORACLE, continuation_of, load_target, make_decoder
 
-from .checkpoint import Checkpoint
-from .config import MAX_BUDGET, DecodeConfig
-from .loading import load_model
-from .model import TargetModel
-from .session import load_target, make_decoder, oracle_continuation, parse_prompt
+from .metrics import run_time_ns, tau, tokens_per_s
+from .report import write_atomic
 
 DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -37,14 +39,15 @@ def parse_budgets(text: str) -> list[int]:
 
 
 def budget_sweep(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, budgets: Sequence[int],
-                 noise: float = 0.0, drafter_seed: int = 0, on_progress: Callable[[int, int], None] | None = None,
+                 drafter: DrafterSpec = ORACLE, on_progress: Callable[[int, int], None] | None = None,
                  model: TargetModel | None = None, repeats: int = 1) -> list[dict]:
     """DDTree decodes of `prompt` at each budget (cfg's budget is replaced), in increasing budget order.
 
     Returns rows {budget, tau, ms_per_token, tokens_per_s, num_steps}; the timing is the fastest of `repeats`
-    decodes (the tokens and steps are the same every time). The oracle's continuation is computed once, and one
-    untimed decode at the first budget runs first so that one-time costs (lazy kernel and allocator set-up) do
-    not land on the smallest budget. on_progress(done, total) follows each budget."""
+    decodes (the tokens and steps are the same every time). The target's continuation (what an oracle drafter
+    knows) is computed once, and one untimed decode at the first budget runs first so that one-time costs (lazy
+    kernel and allocator set-up) do not land on the smallest budget. on_progress(done, total) follows each
+    budget."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
     configs = [dataclasses.replace(cfg, budget=b) for b in budgets]  # DecodeConfig validates each budget
@@ -52,10 +55,10 @@ def budget_sweep(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, bud
     if not configs:
         raise ValueError("no budgets to sweep: give at least one budget")
     model = model or load_target(ckpt, cfg)
-    truth = oracle_continuation(ckpt, prompt, cfg, model)
+    truth = continuation_of(ckpt, prompt, cfg, model)(cfg.max_new_tokens + cfg.block_size)
 
     def run(c: DecodeConfig):
-        return make_decoder(ckpt, prompt, c, "ddtree", noise, drafter_seed, model=model, continuation=truth).run()
+        return make_decoder(ckpt, prompt, c, "ddtree", drafter, model=model, continuation=truth).run()
 
     run(configs[0])
     rows = []
@@ -85,44 +88,37 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def _sweep_command(args: argparse.Namespace) -> int:
-    ckpt = load_model(args.model)
-    if args.prompt is not None:
-        prompt = parse_prompt(args.prompt, ckpt.config.vocab_size)
-    elif ckpt.prompt is not None:
-        prompt = ckpt.prompt.tolist()
-    else:
-        raise ValueError(f"{args.model} has no prompt of its own: pass --prompt with token ids")
-    cfg = DecodeConfig(block_size=args.block_size, max_new_tokens=args.max_new_tokens, device=args.device,
-                       dtype=args.dtype, seed=args.seed)
+    ckpt = opts.load_checkpoint(args)
+    prompt = opts.pick_prompt(args, ckpt)
+    cfg = opts.decode_config(args, ckpt, prompt)
+    spec = opts.drafter_spec(args)
     budgets = parse_budgets(args.budgets)
+    if args.json is not None:
+        opts.check_output_file(args.json, args.force, "--json")
+
     def progress(done: int, total: int) -> None:
         if sys.stderr.isatty():  # a live counter for people; logs get only the table
             print(f"\rbudget {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
-    rows = budget_sweep(ckpt, prompt, cfg, budgets, noise=args.noise, drafter_seed=args.seed, repeats=args.repeats,
-                        on_progress=progress)
+    rows = budget_sweep(ckpt, prompt, cfg, budgets, spec, repeats=args.repeats, on_progress=progress)
     print(format_rows(rows))
     if args.json is not None:
-        meta = {"model": str(args.model), "prompt": list(prompt), "decode": cfg.to_dict(), "noise": args.noise,
-                "repeats": args.repeats}
-        args.json.write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+        meta = {"model": str(args.model), "prompt": list(prompt), "decode": cfg.to_dict(), "drafter": spec.settings()
+                | {"name": spec.name}, "repeats": args.repeats}
+        write_atomic(args.json, (json.dumps({**meta, "rows": rows}, indent=2) + "\n").encode())
         print(f"wrote {args.json}")
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    defaults = DecodeConfig()
     p = subparsers.add_parser("sweep", help="decode one prompt with DDTree at several budgets: tau and ms/token per B")
-    p.add_argument("--model", default="tests/refs/model_tiny.kdtr", help="a .kdtr file or a Hugging Face directory")
-    p.add_argument("--prompt", help="prompt token ids, comma or space separated (default: the checkpoint's prompt)")
+    opts.add_model_args(p)
+    opts.add_prompt_args(p)
+    opts.add_drafter_args(p)
+    opts.add_decode_args(p, budget=False)
     p.add_argument("--budgets", default=", ".join(map(str, DEFAULT_BUDGETS)),
                    help="tree budgets to try (default: %(default)s)")
-    p.add_argument("--block-size", type=int, default=defaults.block_size)
-    p.add_argument("--max-new", "--max-new-tokens", dest="max_new_tokens", type=int, default=defaults.max_new_tokens)
-    p.add_argument("--device", default=defaults.device, choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default=defaults.dtype, choices=["float32", "bfloat16"])
-    p.add_argument("--noise", type=float, default=0.0, help="the oracle drafter's noise in [0, 1] (default 0)")
-    p.add_argument("--seed", type=int, default=0, help="the drafter's seed (default 0)")
     p.add_argument("--repeats", type=int, default=3, help="decodes per budget, the fastest counts (default 3)")
     p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    p.add_argument("--force", action="store_true", help="overwrite the --json file if it exists")
     p.set_defaults(func=_sweep_command)
