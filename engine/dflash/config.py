@@ -1,0 +1,190 @@
+"""DFlashConfig: the drafter's fields and valid ranges, checked once, and how z-lab's config.json maps to it.
+
+A DFlash checkpoint's config.json is a transformers Qwen3Config plus `block_size`, `num_target_layers` and
+`dflash_config: {mask_token_id, target_layer_ids}` (z-lab/dflash `DFlashDraftModel`). A Qwen3 field it leaves
+out takes Qwen3Config's default, as transformers would give it; the DFlash fields are required, except
+target_layer_ids, which z-lab derives from the depths when it is missing (build_target_layer_ids).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConfigError
+from ..hf import HFLoadError
+from ..hf import _rope as hf_rope_settings  # the one parser of transformers' RoPE keys (rope_scaling / rope_parameters)
+
+ARCHITECTURE = "DFlashDraftModel"
+MODEL_TYPE = "qwen3"
+# Qwen3Config's defaults (transformers 5.24) for the fields config.json may leave out.
+QWEN3_DEFAULTS = {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "head_dim": 128, "num_key_value_heads": 32}
+REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+            "block_size", "num_target_layers")
+# Keys whose one supported value is what every released DFlash drafter ships with.
+FIXED_KEYS = {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False, "partial_rotary_factor": 1.0}
+# Keys that do not change the forward pass (tokenizer ids, bookkeeping, the sliding window when it is off, the
+# drafter's unused embedding flag) or that are read elsewhere (RoPE by hf_rope_settings).
+IGNORED_KEYS = frozenset({
+    "architectures", "model_type", "auto_map", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout",
+    "tie_word_embeddings", "sliding_window", "max_window_layers", "layer_types", "dflash_config",
+    "rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings",
+})
+
+
+class DFlashLoadError(ValueError):
+    """A DFlash checkpoint cannot be used as it is, or not with this target; the message names the file, field
+    or tensor and says what to change."""
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default target layers: spread evenly from layer 1 to layer num_target_layers - 3, rounded (one
+    draft layer takes the middle layer). For 61 target and 6 draft layers: [1, 12, 24, 35, 47, 58]."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}={value!r} is out of range: expected {allowed}")
+
+
+def _is_int(value: Any, lo: int, hi: int | None = None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+
+
+@dataclass(slots=True, frozen=True)
+class DFlashConfig:
+    hidden_size: int  # d: the target's hidden size (the drafter embeds with the target's embedding)
+    intermediate_size: int
+    num_hidden_layers: int  # draft layers
+    num_attention_heads: int
+    num_key_value_heads: int  # GQA: each key/value head serves num_attention_heads // num_key_value_heads queries
+    head_dim: int
+    vocab_size: int
+    block_size: int  # the block it was trained at: [root, MASK x (block_size - 1)]
+    num_target_layers: int  # depth of the target it was trained against
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]  # target layers whose outputs it reads, in feature order
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # YaRN: {"type": "yarn", "factor", "original_max_position_embeddings", ...}
+    max_position_embeddings: int = 32768
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "vocab_size", "num_target_layers", "max_position_embeddings"):
+            value = getattr(self, name)
+            _check(_is_int(value, 1), name, value, "an integer >= 1")
+        _check(_is_int(self.head_dim, 2) and self.head_dim % 2 == 0, "head_dim", self.head_dim,
+               "an even integer >= 2 (RoPE rotates pairs of dims)")
+        _check(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+               self.num_key_value_heads, f"a divisor of num_attention_heads={self.num_attention_heads}")
+        _check(_is_int(self.block_size, MIN_BLOCK_SIZE, MAX_BLOCK_SIZE), "block_size", self.block_size,
+               f"an integer in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}] (the engine's block sizes)")
+        _check(_is_int(self.mask_token_id, 0, self.vocab_size - 1), "dflash_config.mask_token_id",
+               self.mask_token_id, f"a token id in [0, {self.vocab_size}) (vocab_size)")
+        ids = self.target_layer_ids
+        ok_ids = isinstance(ids, tuple) and ids and all(_is_int(i, 0, self.num_target_layers - 1) for i in ids)
+        _check(ok_ids and len(set(ids)) == len(ids), "dflash_config.target_layer_ids", ids,
+               f"distinct layer indices in [0, {self.num_target_layers}) (num_target_layers), at least one")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+            _check(ok, name, value, "a finite number > 0")
+        rs = self.rope_scaling
+        _check(rs is None or isinstance(rs, dict), "rope_scaling", rs, "null or an object")
+        if rs is not None:
+            _check(rs.get("type") == "yarn", "rope_scaling.type", rs.get("type"), "'yarn' or no rope_scaling")
+            factor, orig = rs.get("factor"), rs.get("original_max_position_embeddings")
+            _check(isinstance(factor, (int, float)) and factor >= 1, "rope_scaling.factor", factor, "a number >= 1")
+            _check(_is_int(orig, 1), "rope_scaling.original_max_position_embeddings", orig, "an integer >= 1")
+
+    @property
+    def num_context_features(self) -> int:
+        """Width of the target hidden states it reads: len(target_layer_ids) * hidden_size (fc's input)."""
+        return len(self.target_layer_ids) * self.hidden_size
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "target_layer_ids": list(self.target_layer_ids)}
+
+
+def config_from_json(data: Any, where: str) -> DFlashConfig:
+    """Map z-lab's config.json (already parsed) to a DFlashConfig; DFlashLoadError names what is wrong."""
+    if not isinstance(data, dict):
+        raise DFlashLoadError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    archs = data.get("architectures") or []
+    if ARCHITECTURE not in archs:
+        raise DFlashLoadError(f"{where}: architectures={archs!r}; a DFlash drafter is {ARCHITECTURE!r} "
+                              "(z-lab/dflash). Pass the drafter's directory, not the target's")
+    if data.get("model_type") != MODEL_TYPE:
+        raise DFlashLoadError(f"{where}: model_type={data.get('model_type')!r}; DFlash drafters are "
+                              f"{MODEL_TYPE!r} (Qwen3 decoder layers)")
+    if data.get("quantization_config"):
+        raise DFlashLoadError(f"{where}: the drafter is quantized (quantization_config); dequantize it to "
+                              "bfloat16/float32 safetensors first and drop quantization_config")
+    for key, value in FIXED_KEYS.items():
+        if data.get(key, value) != value:
+            raise DFlashLoadError(f"{where}: {key}={data[key]!r} is not supported; only {value!r}")
+    layer_types = data.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise DFlashLoadError(f"{where}: layer_types={layer_types!r}; only full_attention layers are supported")
+    missing = [k for k in REQUIRED if k not in data]
+    dflash = data.get("dflash_config")
+    if not isinstance(dflash, dict) or "mask_token_id" not in dflash:
+        missing.append("dflash_config.mask_token_id")
+    if missing:
+        raise DFlashLoadError(f"{where}: missing field(s) {missing}; a DFlash config.json names them (z-lab's "
+                              "DFlashDraftModel reads them)")
+    unknown = sorted(set(data) - set(REQUIRED) - set(QWEN3_DEFAULTS) - set(FIXED_KEYS) - IGNORED_KEYS
+                     - {"quantization_config"})
+    unknown += sorted(f"dflash_config.{k}" for k in set(dflash) - {"mask_token_id", "target_layer_ids"})
+    if unknown:
+        warnings.warn(f"{where}: ignoring config key(s) {unknown} (not used by the DFlash forward pass)",
+                      stacklevel=3)
+    _check_rope_type(data, where)
+    try:  # a YaRN original_max_position_embeddings falls back to Qwen3's max_position_embeddings default
+        theta, scaling = hf_rope_settings({"max_position_embeddings": QWEN3_DEFAULTS["max_position_embeddings"],
+                                           **data}, where)
+    except HFLoadError as exc:
+        raise DFlashLoadError(str(exc)) from exc
+    fields = {k: data[k] for k in REQUIRED} | {k: data.get(k, v) for k, v in QWEN3_DEFAULTS.items()}
+    if fields["num_key_value_heads"] is None:  # Qwen3Config: null means one key/value head per query head
+        fields["num_key_value_heads"] = fields["num_attention_heads"]
+    ids = dflash.get("target_layer_ids")
+    if ids is None:
+        ids = build_target_layer_ids(data["num_target_layers"], data["num_hidden_layers"])
+    try:
+        return DFlashConfig(**fields, mask_token_id=dflash["mask_token_id"],
+                            target_layer_ids=tuple(ids) if isinstance(ids, list) else ids,
+                            rope_theta=theta, rope_scaling=scaling)
+    except ConfigError as exc:
+        raise DFlashLoadError(f"{where}: {exc}; fix that field in config.json") from exc
+
+
+def config_to_json(cfg: DFlashConfig) -> dict:
+    """z-lab's config.json for cfg (the inverse of config_from_json)."""
+    data = {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "hidden_act": "silu",
+            "attention_bias": False, "block_size": cfg.block_size, "num_target_layers": cfg.num_target_layers,
+            "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}}
+    for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta",
+                 "max_position_embeddings"):
+        data[name] = getattr(cfg, name)
+    data["rope_scaling"] = cfg.rope_scaling
+    return data
+
+
+def _check_rope_type(data: dict, where: str) -> None:
+    """Refuse, in the drafter's words, a RoPE type it does not run (plain RoPE and YaRN are supported);
+    hf_rope_settings checks the rest of the RoPE keys."""
+    rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    kind = (rope.get("rope_type") or rope.get("type") or "default") if isinstance(rope, dict) else "default"
+    if kind not in ("default", "yarn"):
+        raise DFlashLoadError(f"{where}: RoPE type {kind!r} is not supported; the DFlash drafter runs plain RoPE "
+                              "('default') or 'yarn'")
