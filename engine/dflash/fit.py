@@ -2,8 +2,9 @@
 token stays the target's greedy choice, but acceptance is expected to drop).
 
 Refused, naming the field: hidden_size != the target's (the drafter embeds with the target's embedding and its
-fc reads the target's hidden states); vocab_size or mask_token_id beyond the target's vocabulary (the drafter
-has no vocabulary of its own: it embeds and scores with the target's); a target_layer_id the target does not
+fc reads the target's hidden states); vocab_size beyond the target's vocabulary (the drafter has no vocabulary
+of its own: it embeds and scores with the target's; DFlashConfig already holds mask_token_id below vocab_size,
+so the mask is one of the target's tokens); a target_layer_id the target does not
 have. Warned: a decode block size other than the checkpoint's (DFlash is trained at one block size, but the
 forward runs at any: fewer MASK positions draft less deep, more draft positions it never learned), and
 num_target_layers other than the target's depth (the drafter was trained on another target's layers).
@@ -23,10 +24,6 @@ def check_fits(cfg: DFlashConfig, target: ModelConfig, where: str) -> None:
     if cfg.vocab_size > target.vocab_size:
         raise DFlashLoadError(f"{where}: vocab_size={cfg.vocab_size} is beyond the target's vocabulary of "
                               f"{target.vocab_size} tokens; pick the drafter trained for this target")
-    if cfg.mask_token_id >= target.vocab_size:
-        raise DFlashLoadError(f"{where}: dflash_config.mask_token_id={cfg.mask_token_id} is beyond the target's "
-                              f"vocabulary [0, {target.vocab_size}); the mask is embedded with the target's "
-                              "embedding, so it must be one of the target's tokens")
     bad = [i for i in cfg.target_layer_ids if i >= target.num_hidden_layers]
     if bad:
         raise DFlashLoadError(f"{where}: dflash_config.target_layer_ids={list(cfg.target_layer_ids)} names "
