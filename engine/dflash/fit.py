@@ -40,9 +40,10 @@ def block_size_note(cfg: DFlashConfig, block_size: int) -> str | None:
             f"{cfg.block_size}")
 
 
-def depth_note(cfg: DFlashConfig, target: ModelConfig) -> str | None:
-    """Why a drafter trained against a target of another depth is expected to accept less, or None."""
-    if cfg.num_target_layers == target.num_hidden_layers:
+def depth_note(cfg: DFlashConfig, target_layers: int) -> str | None:
+    """Why a drafter trained against a target of another depth (target_layers layers) is expected to accept less,
+    or None."""
+    if cfg.num_target_layers == target_layers:
         return None
-    return (f"num_target_layers={cfg.num_target_layers}, but the target has {target.num_hidden_layers} layers: the "
+    return (f"num_target_layers={cfg.num_target_layers}, but the target has {target_layers} layers: the "
             "drafter was trained on the hidden states of another target, so acceptance is expected to drop")

@@ -18,6 +18,7 @@ from ..dflash.fit import block_size_note, depth_note
 from .base import DraftTarget
 
 if TYPE_CHECKING:
+    from ..config import DecodeConfig
     from ..model import TargetModel
     from .registry import DrafterSpec
 
@@ -67,13 +68,13 @@ def context_capacity(prompt_len: int, max_new_tokens: int, block_size: int) -> i
     return prompt_len + max_new_tokens + 2 * block_size
 
 
-def drafter_for(cfg: DFlashConfig, source: str, identity: tuple, target: DraftTarget) -> DFlashDrafter:
+def drafter_for(cfg: DFlashConfig, source: str, identity: tuple, model: TargetModel, prompt_len: int,
+                decode: DecodeConfig) -> DFlashDrafter:
     """A drafter of cfg (the checkpoint's, or a variant of its ids or RoPE: the drafter check) over the shared
-    weights of the checkpoint at source."""
-    model = target.model
+    weights of the checkpoint at source, for one decode of a prompt of prompt_len tokens."""
     weights = shared_weights(source, identity, str(model.device), model.dtype)
-    capacity = context_capacity(len(target.prompt), target.cfg.max_new_tokens, target.cfg.block_size)
-    return DFlashDrafter(cfg, weights, model, target.cfg.num_draft_positions, capacity, source)
+    capacity = context_capacity(prompt_len, decode.max_new_tokens, decode.block_size)
+    return DFlashDrafter(cfg, weights, model, decode.num_draft_positions, capacity, source)
 
 
 def build(spec: DrafterSpec, target: DraftTarget) -> DFlashDrafter:
@@ -81,7 +82,9 @@ def build(spec: DrafterSpec, target: DraftTarget) -> DFlashDrafter:
     and check_fits' DFlashLoadError), warn where it runs but is expected to accept less."""
     ckpt = read_dflash_dir(spec.model)
     check_fits(ckpt.config, target.model.cfg, ckpt.source)
-    for note in (block_size_note(ckpt.config, target.cfg.block_size), depth_note(ckpt.config, target.model.cfg)):
+    notes = (block_size_note(ckpt.config, target.cfg.block_size),
+             depth_note(ckpt.config, target.model.cfg.num_hidden_layers))
+    for note in notes:
         if note is not None:
             warnings.warn(f"{ckpt.source}: {note}", stacklevel=2)
-    return drafter_for(ckpt.config, ckpt.source, ckpt.identity, target)
+    return drafter_for(ckpt.config, ckpt.source, ckpt.identity, target.model, len(target.prompt), target.cfg)
