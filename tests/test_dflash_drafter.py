@@ -49,7 +49,7 @@ def test_another_block_size_or_target_depth_warns_and_still_decodes_exactly(tiny
     with pytest.warns(UserWarning) as caught:
         run = decode(ckpt, ckpt.prompt.tolist(), cfg, "ddtree", spec_for(root), model=model)
     notes = " | ".join(str(w.message) for w in caught)
-    assert "block_size 5 differs from the checkpoint's 8" in notes and "--block-size 8" in notes
+    assert "block_size 5 differs from the checkpoint's 8" in notes and "decode at block size 8 to match" in notes
     assert "num_target_layers=61, but the target has 3 layers" in notes
     assert run.tokens == decode(ckpt, ckpt.prompt.tolist(), cfg, "ar", model=model).tokens
 

@@ -36,8 +36,8 @@ def block_size_note(cfg: DFlashConfig, block_size: int) -> str | None:
     if block_size == cfg.block_size:
         return None
     return (f"the decode's block_size {block_size} differs from the checkpoint's {cfg.block_size}: DFlash is trained "
-            f"at one block size, so acceptance is expected to drop (the tokens stay exact); use --block-size "
-            f"{cfg.block_size}")
+            f"at one block size, so acceptance is expected to drop (the tokens stay exact); decode at block size "
+            f"{cfg.block_size} to match")
 
 
 def depth_note(cfg: DFlashConfig, target_layers: int) -> str | None:
