@@ -19,7 +19,9 @@ from .cache import LatentCache
 from .config import DecodeConfig
 from .drafters import Drafter
 from .model import TargetModel
+from .node_probs import node_probs
 from .records import MODES, RunRecord, StepRecord, TreeRecord
+from .sampling import pick
 from .timers import StepTimer
 from .trees import chain_tree, root_tree
 
@@ -48,7 +50,8 @@ class _StepTensors:
 
 class Decoder:
     """Decoding of one prompt in one mode: "ar" (no drafter: a tree of just the root), "chain" (the drafter's
-    top-1 token per depth, L + 1 nodes) or "ddtree" (the best-first tree of B + 1 nodes)."""
+    top-1 token per depth, L + 1 nodes) or "ddtree" (the best-first tree of B + 1 nodes). The target picks
+    greedily or samples at every node, as DecodeConfig says (engine/sampling.py)."""
 
     def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig, mode: str = "ar",
                  drafter: Drafter | None = None, timer: StepTimer | None = None, cuda_graph: bool = False) -> None:
@@ -90,7 +93,7 @@ class Decoder:
         logits, hidden = self.model.forward(tokens, torch.arange(n, device=dev), causal, self.cache,
                                             hidden_layers=self.hidden_layers)
         self.cache.prefix_len.fill_(n)
-        root = logits[-1].argmax()
+        root = pick(logits[-1:], torch.full((1,), n, device=dev), self.cfg)[0]
         self.generated[0] = root
         self.num_generated.fill_(1)
         self.root.copy_(root)
@@ -122,7 +125,7 @@ class Decoder:
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
             logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers)
-            target = logits.argmax(-1)
+            target = pick(logits, prefix_len + depths + 1, self.cfg)  # node i chooses position i's + 1
         with t.range("tree_accept"):
             path, path_len, bonus = ops.tree_accept(tokens, parents, target, self.depth)
         with t.range("kv_compact"):
@@ -192,12 +195,13 @@ class Decoder:
         committed = [target[n] for n in path]
         self.tokens.extend(committed)
         self.logits_rows.extend(st.logits.index_select(0, path_index).cpu().numpy())
+        probs = node_probs(st.logits, st.tree, st.draft, self.cfg)
         return StepRecord(
             index=len(self.steps), mode=self.mode, prefix_len=int(st.prefix_len),
             tree=TreeRecord(tokens=tokens.tolist(), parents=parents.tolist(), depths=depths.tolist(),
                             ranks=ranks.tolist(), scores=scores.tolist(), visibility=visibility.numpy()),
             target=target, logit_gap=(top2[:, 0] - top2[:, -1]).tolist(), path=path, bonus=int(st.bonus),
-            committed=committed, timings_ns=self.timer.results_ns(), spans=self.timer.last_spans(),
+            committed=committed, timings_ns=self.timer.results_ns(), spans=self.timer.last_spans(), probs=probs,
         )
 
     def run(self, on_step: Callable[[StepRecord], None] | None = None) -> RunRecord:

@@ -11,6 +11,7 @@ import pathlib
 import sys
 
 from engine import cli_options as opts
+from engine.config import DecodeConfig
 from engine.records import MODE_LABELS, RunRecord
 from engine.session import decode_runs
 
@@ -40,14 +41,16 @@ def summary_table(runs: dict[str, RunRecord]) -> str:
     ]
     lines = [f"{'':<20}" + "".join(f"{name:>12}" for name, _, _ in columns)]
     lines += [f"{label:<20}" + "".join(f"{value(r, s)!s:>12}" for _, r, s in columns) for label, value in rows]
+    lines.append(f"target picks: {DecodeConfig(**ar.decode).sampling} (every mode draws the same keyed noise)")
     for mode, s in summaries.items():
         label = MODE_LABELS[mode]
         lines.append(f"{label} acceptance histogram (steps accepting 0..L drafted tokens): "
                      + " ".join(map(str, s["acceptance_histogram"])))
     for mode, s in summaries.items():
         label, div = MODE_LABELS[mode], s["first_divergence"]
-        lines.append(f"greedy-exact: {label} tokens == AR tokens" if s["matches_ar"] else
-                     f"NOT greedy-exact: {label} first diverges at position {div['position']} (AR {div['ar_token']}, "
+        term = s["exactness"]
+        lines.append(f"{term}: {label} tokens == AR tokens" if s["matches_ar"] else
+                     f"NOT {term}: {label} first diverges at position {div['position']} (AR {div['ar_token']}, "
                      f"{label} {div['token']}, AR top-1 minus top-2 logit {_num(div['logit_gap'], '.4g')})")
     return "\n".join(lines)
 

@@ -120,6 +120,12 @@ def primary_mode(runs: dict[str, RunRecord]) -> str:
     return "ddtree" if "ddtree" in runs else [m for m in runs if m != "ar"][-1]
 
 
+def exactness_term(run: RunRecord) -> str:
+    """What "the same tokens as AR" means for this run: greedy-exact at temperature 0, else seed-matched (AR and
+    the speculative run drew the same keyed noise, engine/sampling.py)."""
+    return "greedy-exact" if float(run.decode.get("temperature", 0.0)) == 0.0 else "seed-matched exact"
+
+
 def _ratio(x: float | None, y: float | None) -> float | None:
     return x / y if x is not None and y else None
 
@@ -133,6 +139,7 @@ def summarize(ar: RunRecord, run: RunRecord) -> dict:
     return {
         "mode": run.mode,
         "matches_ar": run.tokens == ar.tokens,
+        "exactness": exactness_term(run),
         "ar_tokens": list(ar.tokens),
         "tokens": list(run.tokens),
         "num_generated": len(run.tokens),
