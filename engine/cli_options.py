@@ -56,6 +56,9 @@ def add_decode_args(p: argparse.ArgumentParser, budget: bool = True, max_new_def
                                                                     "(default 0: no limit)")
     p.add_argument("--top-p", type=float, default=defaults.top_p, help="sample within the top-p nucleus "
                                                                       "(default 1: no limit)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="compute every row as AR computes it (fixed row blocks, position-ordered attention): "
+                        "DDTree == AR bit for bit in every dtype, at a cost (benchmarks/RESULTS.md)")
     p.add_argument("--seed", type=int, default=defaults.seed,
                    help="the sampling seed: noise is keyed by (seed, position), so AR and DDTree draw alike "
                         "(default 0)")
@@ -92,7 +95,8 @@ def decode_config(args: argparse.Namespace, ckpt: Checkpoint, prompt: list[int])
         raise CliError("--device cuda: torch sees no CUDA GPU here; use --device cpu")
     return DecodeConfig(budget=getattr(args, "budget", DecodeConfig().budget), block_size=args.block_size,
                         max_new_tokens=max_new, device=args.device, dtype=args.dtype, seed=args.seed,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        batch_invariant=args.batch_invariant)
 
 
 DRAFTER_FLAGS = {"noise": "--noise", "seed": "--drafter-seed", "model": "--drafter-model"}  # DrafterSpec field

@@ -164,6 +164,7 @@ class DecodeConfig:
     temperature: float = 0.0
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1: no nucleus filter
+    batch_invariant: bool = False  # every row computed as AR computes it: DDTree == AR bit for bit
 
     def __post_init__(self) -> None:
         for name in ("budget", "block_size", "max_new_tokens", "seed", "top_k"):
@@ -185,6 +186,7 @@ class DecodeConfig:
         _check_int("top_k", self.top_k, 0)
         _check(isinstance(self.top_p, float) and 0.0 < self.top_p <= 1.0, "top_p", self.top_p,
                "a number in (0, 1] (1: no nucleus filter)")
+        _check(isinstance(self.batch_invariant, bool), "batch_invariant", self.batch_invariant, "true or false")
 
     @property
     def num_draft_positions(self) -> int:

@@ -18,7 +18,7 @@ from kernels import ops
 from .cache import LatentCache
 from .config import DecodeConfig
 from .drafters import Drafter
-from .model import TargetModel
+from .model import ROW_BLOCK, TargetModel
 from .node_probs import node_probs
 from .records import MODES, RunRecord, StepRecord, TreeRecord
 from .sampling import pick
@@ -68,6 +68,7 @@ class Decoder:
         self.depth = 0 if mode == "ar" else cfg.num_draft_positions  # L
         self.num_nodes = {"ar": 1, "chain": self.depth + 1, "ddtree": cfg.budget + 1}[mode]
         self.hidden_layers = () if drafter is None else check_hidden_layers(drafter, model)
+        self.row_block = ROW_BLOCK if cfg.batch_invariant else None
         self.timer = timer or StepTimer(model.device, enabled=False)
         self.prompt = validate_prompt(prompt, model.cfg.vocab_size)
         self.capacity = check_room(len(self.prompt), cfg, model, self.num_nodes)
@@ -91,7 +92,7 @@ class Decoder:
         tokens = torch.tensor(self.prompt, dtype=torch.int64, device=dev)
         causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
         logits, hidden = self.model.forward(tokens, torch.arange(n, device=dev), causal, self.cache,
-                                            hidden_layers=self.hidden_layers)
+                                            hidden_layers=self.hidden_layers, row_block=self.row_block)
         self.cache.prefix_len.fill_(n)
         root = pick(logits[-1:], torch.full((1,), n, device=dev), self.cfg)[0]
         self.generated[0] = root
@@ -124,7 +125,8 @@ class Decoder:
         tree, draft = self._draft()
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
-            logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers)
+            logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers,
+                                                self.row_block)
             target = pick(logits, prefix_len + depths + 1, self.cfg)  # node i chooses position i's + 1
         with t.range("tree_accept"):
             path, path_len, bonus = ops.tree_accept(tokens, parents, target, self.depth)

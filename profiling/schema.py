@@ -51,11 +51,15 @@ KERNEL_ROW = _object({
 DIVERGENCE = _object({
     "position": _INT, "ar_token": _OPT_INT, "token": _OPT_INT, "logit_gap": _OPT_NUM,
     "token_gap": _OPT_NUM, "step": _OPT_INT,
+    "kind": {"enum": ["numerics near tie", "real divergence"], "description": "profiling/divergence.py's rule"},
+    "score_gap": {**_OPT_NUM, "description": "how far below AR's pick AR scored the token (logit, or sampled score)"},
+    "tolerance": {**_OPT_NUM, "description": "the near-tie tolerance at that position"},
 })
 
 SUMMARY = _object({
     "mode": _SPEC_MODE, "matches_ar": {"type": "boolean"},
-    "exactness": {"enum": ["greedy-exact", "seed-matched exact"], "description": "what matches_ar checks"}, "ar_tokens": _INTS, "tokens": _INTS, "num_generated": _INT,
+    "exactness": {"enum": ["greedy-exact", "seed-matched exact"], "description": "what matches_ar checks"},
+    "ar_tokens": _INTS, "tokens": _INTS, "num_generated": _INT,
     "num_steps": _INT, "ar_num_steps": _INT, "block_size": _INT, "budget": _INT, "tau": _OPT_NUM,
     "per_position_acceptance": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}},
     "acceptance_histogram": {"type": "array", "items": {"type": "integer", "minimum": 0}},
