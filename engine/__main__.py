@@ -7,7 +7,7 @@ import sys
 
 from .config import ConfigError
 
-COMMAND_MODULES = ("engine.verify", "profiling.cli", "engine.fixtures", "engine.hf", "profiling.sweep",
+COMMAND_MODULES = ("profiling.verify", "profiling.cli", "engine.fixtures", "engine.hf", "profiling.sweep",
                    "engine.gpu_check", "engine.drafter_check")
 
 

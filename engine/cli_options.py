@@ -50,7 +50,18 @@ def add_decode_args(p: argparse.ArgumentParser, budget: bool = True, max_new_def
                         f"{defaults.max_new_tokens})")
     p.add_argument("--device", default=defaults.device, choices=DEVICES)
     p.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
-    p.add_argument("--seed", type=int, default=defaults.seed, help="the decode's seed (default 0)")
+    p.add_argument("--temperature", type=float, default=defaults.temperature,
+                   help="the target samples softmax(logits / T) at every node; 0 is greedy (default 0)")
+    p.add_argument("--top-k", type=int, default=defaults.top_k, help="sample among the k most likely tokens "
+                                                                    "(default 0: no limit)")
+    p.add_argument("--top-p", type=float, default=defaults.top_p, help="sample within the top-p nucleus "
+                                                                      "(default 1: no limit)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="compute every row as AR computes it (fixed row blocks, position-ordered attention): "
+                        "DDTree == AR bit for bit in every dtype, at a cost (benchmarks/RESULTS.md)")
+    p.add_argument("--seed", type=int, default=defaults.seed,
+                   help="the sampling seed: noise is keyed by (seed, position), so AR and DDTree draw alike "
+                        "(default 0)")
 
 
 def add_tree_arg(p: argparse.ArgumentParser) -> None:
@@ -83,7 +94,9 @@ def decode_config(args: argparse.Namespace, ckpt: Checkpoint, prompt: list[int])
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda: torch sees no CUDA GPU here; use --device cpu")
     return DecodeConfig(budget=getattr(args, "budget", DecodeConfig().budget), block_size=args.block_size,
-                        max_new_tokens=max_new, device=args.device, dtype=args.dtype, seed=args.seed)
+                        max_new_tokens=max_new, device=args.device, dtype=args.dtype, seed=args.seed,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        batch_invariant=args.batch_invariant)
 
 
 DRAFTER_FLAGS = {"noise": "--noise", "seed": "--drafter-seed", "model": "--drafter-model"}  # DrafterSpec field

@@ -7,10 +7,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 MAX_BUDGET = 1024
+MAX_NEW_TOKENS = 1 << 20  # a bound before anything is sized from it; the context is checked per model
+MAX_TEMPERATURE = 100.0
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 2, 32
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16")
@@ -149,7 +152,8 @@ class ModelConfig:
 @dataclass(slots=True, frozen=True)
 class DecodeConfig:
     """How to decode: tree budget B (drafted nodes, root excluded), block size (L = block_size - 1 drafted
-    positions), how many tokens to generate, and where."""
+    positions), how many tokens to generate, where, and how the target picks its token at every node
+    (temperature 0: greedy; else a sample restricted by top_k / top_p, keyed by seed and position)."""
 
     budget: int = 64
     block_size: int = 8
@@ -157,18 +161,45 @@ class DecodeConfig:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1: no nucleus filter
+    batch_invariant: bool = False  # every row computed as AR computes it: DDTree == AR bit for bit
 
     def __post_init__(self) -> None:
+        for name in ("budget", "block_size", "max_new_tokens", "seed", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, int(value))  # numpy integers are integers too
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
         _check_int("budget", self.budget, 0, MAX_BUDGET)
         _check_int("block_size", self.block_size, MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
-        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        _check_int("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS)
         _check(self.device in DEVICES, "device", self.device, f"one of {DEVICES}")
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
-        _check_int("seed", self.seed, 0)
+        _check_int("seed", self.seed, 0, 2**63 - 1)
+        _check(isinstance(self.temperature, float) and 0.0 <= self.temperature <= MAX_TEMPERATURE,
+               "temperature", self.temperature, f"a number in [0, {MAX_TEMPERATURE:g}] (0: greedy)")
+        _check_int("top_k", self.top_k, 0)
+        _check(isinstance(self.top_p, float) and 0.0 < self.top_p <= 1.0, "top_p", self.top_p,
+               "a number in (0, 1] (1: no nucleus filter)")
+        _check(isinstance(self.batch_invariant, bool), "batch_invariant", self.batch_invariant, "true or false")
 
     @property
     def num_draft_positions(self) -> int:
         return self.block_size - 1
+
+    @property
+    def sampling(self) -> str:
+        """The target's pick in words: "greedy" or "T=0.7, top-k 50, top-p 0.9, seed 3"."""
+        if self.temperature == 0.0:
+            return "greedy"
+        parts = [f"T={self.temperature:g}"] + ([f"top-k {self.top_k}"] if self.top_k else [])
+        parts += [f"top-p {self.top_p:g}"] if self.top_p < 1.0 else []
+        return ", ".join(parts + [f"seed {self.seed}"])
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

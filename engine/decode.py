@@ -18,8 +18,10 @@ from kernels import ops
 from .cache import LatentCache
 from .config import DecodeConfig
 from .drafters import Drafter
-from .model import TargetModel
+from .model import ROW_BLOCK, TargetModel
+from .node_probs import node_probs
 from .records import MODES, RunRecord, StepRecord, TreeRecord
+from .sampling import pick
 from .timers import StepTimer
 from .trees import chain_tree, root_tree
 
@@ -48,7 +50,8 @@ class _StepTensors:
 
 class Decoder:
     """Decoding of one prompt in one mode: "ar" (no drafter: a tree of just the root), "chain" (the drafter's
-    top-1 token per depth, L + 1 nodes) or "ddtree" (the best-first tree of B + 1 nodes)."""
+    top-1 token per depth, L + 1 nodes) or "ddtree" (the best-first tree of B + 1 nodes). The target picks
+    greedily or samples at every node, as DecodeConfig says (engine/sampling.py)."""
 
     def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig, mode: str = "ar",
                  drafter: Drafter | None = None, timer: StepTimer | None = None, cuda_graph: bool = False) -> None:
@@ -65,6 +68,7 @@ class Decoder:
         self.depth = 0 if mode == "ar" else cfg.num_draft_positions  # L
         self.num_nodes = {"ar": 1, "chain": self.depth + 1, "ddtree": cfg.budget + 1}[mode]
         self.hidden_layers = () if drafter is None else check_hidden_layers(drafter, model)
+        self.row_block = ROW_BLOCK if cfg.batch_invariant else None
         self.timer = timer or StepTimer(model.device, enabled=False)
         self.prompt = validate_prompt(prompt, model.cfg.vocab_size)
         self.capacity = check_room(len(self.prompt), cfg, model, self.num_nodes)
@@ -88,9 +92,9 @@ class Decoder:
         tokens = torch.tensor(self.prompt, dtype=torch.int64, device=dev)
         causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
         logits, hidden = self.model.forward(tokens, torch.arange(n, device=dev), causal, self.cache,
-                                            hidden_layers=self.hidden_layers)
+                                            hidden_layers=self.hidden_layers, row_block=self.row_block)
         self.cache.prefix_len.fill_(n)
-        root = logits[-1].argmax()
+        root = pick(logits[-1:], torch.full((1,), n, device=dev), self.cfg)[0]
         self.generated[0] = root
         self.num_generated.fill_(1)
         self.root.copy_(root)
@@ -121,8 +125,9 @@ class Decoder:
         tree, draft = self._draft()
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
-            logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers)
-            target = logits.argmax(-1)
+            logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers,
+                                                self.row_block)
+            target = pick(logits, prefix_len + depths + 1, self.cfg)  # node i chooses position i's + 1
         with t.range("tree_accept"):
             path, path_len, bonus = ops.tree_accept(tokens, parents, target, self.depth)
         with t.range("kv_compact"):
@@ -192,12 +197,13 @@ class Decoder:
         committed = [target[n] for n in path]
         self.tokens.extend(committed)
         self.logits_rows.extend(st.logits.index_select(0, path_index).cpu().numpy())
+        probs = node_probs(st.logits, st.tree, st.draft, self.cfg)
         return StepRecord(
             index=len(self.steps), mode=self.mode, prefix_len=int(st.prefix_len),
             tree=TreeRecord(tokens=tokens.tolist(), parents=parents.tolist(), depths=depths.tolist(),
                             ranks=ranks.tolist(), scores=scores.tolist(), visibility=visibility.numpy()),
             target=target, logit_gap=(top2[:, 0] - top2[:, -1]).tolist(), path=path, bonus=int(st.bonus),
-            committed=committed, timings_ns=self.timer.results_ns(), spans=self.timer.last_spans(),
+            committed=committed, timings_ns=self.timer.results_ns(), spans=self.timer.last_spans(), probs=probs,
         )
 
     def run(self, on_step: Callable[[StepRecord], None] | None = None) -> RunRecord:

@@ -25,6 +25,7 @@ from .timers import StepTimer
 from .weights import lm_head_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ROW_BLOCK = 16  # rows per block in the batch-invariant mode: AR's single row is padded to one block
 _NULL_TIMER = StepTimer(enabled=False)
 
 
@@ -112,12 +113,16 @@ class TargetModel:
         return layer
 
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, block_mask: torch.Tensor, cache: LatentCache,
-                timer: StepTimer = _NULL_TIMER, hidden_layers: tuple[int, ...] = ()
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                timer: StepTimer = _NULL_TIMER, hidden_layers: tuple[int, ...] = (),
+                row_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, depths [N]; block_mask [N, N] bool. Node i sits at position prefix_len + depths[i] and
         its KV lands in cache row prefix_len + i. Returns float32 logits [N, V] and, when hidden_layers names
         layers, their outputs concatenated in that order [N, len(hidden_layers) * hidden] (transformers'
-        hidden_states[i + 1] for layer i), else None."""
+        hidden_states[i + 1] for layer i), else None.
+
+        row_block (the batch-invariant mode): every per-row computation (norms, projections, the FFN, the head)
+        runs on blocks of exactly row_block rows, the last one zero-padded, so a row's result does not depend on
+        how many rows the call holds: a matmul's kernel, and so its reduction order, is chosen by the shape."""
         cfg = self.cfg
         captured: dict[int, torch.Tensor] = {}
         with timer.range("embed"):
@@ -125,38 +130,49 @@ class TargetModel:
             positions = cache.prefix_len + depths
             cos, sin = self.cos[positions], self.sin[positions]  # [N, P/2]
         for i, layer in enumerate(self.layers):
+            a = layer["attn"]
             with timer.range(f"layer{i}/attn"):
-                x = x + self._attention(i, layer["attn"], rms_norm(x, layer["norm1"], cfg.rms_norm_eps),
-                                        cos, sin, block_mask, cache, timer)
-            ffn_in = rms_norm(x, layer["norm2"], cfg.rms_norm_eps)
-            if layer["moe"]:
-                with timer.range(f"layer{i}/moe"):
-                    x = x + self._moe(layer, ffn_in)
-            else:
-                with timer.range(f"layer{i}/mlp"):
-                    x = x + swiglu(ffn_in, *layer["mlp"])
+                q_lat, q_pe, c, k_pe = rowwise(lambda *t, a=a, layer=layer: self._project(a, layer, *t), row_block,
+                                               x, cos, sin)
+                cache.write(i, c, k_pe)
+                with timer.range("verify_attn"):
+                    o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len,
+                                               block_mask, self.scale)
+                x = rowwise(lambda x, o, a=a: x + self._attention_out(a, o), row_block, x, o_lat)
+            with timer.range(f"layer{i}/{'moe' if layer['moe'] else 'mlp'}"):
+                x = rowwise(lambda x, layer=layer: x + self._ffn(layer, x), row_block, x)
             if i in hidden_layers:
                 captured[i] = x
         hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         with timer.range("lm_head"):
-            return F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head).float(), hidden
+            logits = rowwise(lambda x: F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head),
+                             row_block, x)
+            return logits.float(), hidden
 
-    def _attention(self, i: int, a: _Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   block_mask: torch.Tensor, cache: LatentCache, timer: StepTimer) -> torch.Tensor:
+    def _project(self, a: _Attention, layer: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row: c [N, R], rope(k_pe) [N, P]."""
         cfg = self.cfg
+        x = rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
         n, h = x.shape[0], cfg.num_attention_heads
         q_in = x if a.q_a is None else rms_norm(F.linear(x, a.q_a), a.q_a_norm, LATENT_NORM_EPS)
         q = F.linear(q_in, a.q_b).view(n, h, cfg.qk_head_dim)
         q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         c_kv, k_pe = F.linear(x, a.kv_a).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
-        q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()  # [N, H, P]
-        cache.write(i, rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS), apply_rope(k_pe, cos, sin, cfg.rope_interleave))
-        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, a.w_uk).contiguous()  # [N, H, R]
-        with timer.range("verify_attn"):
-            o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len, block_mask,
-                                       self.scale)
-        o = torch.einsum("nhr,hvr->nhv", o_lat, a.w_uv).reshape(n, h * cfg.v_head_dim)
+        q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()
+        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, a.w_uk).contiguous()
+        return (q_lat, q_pe, rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),
+                apply_rope(k_pe, cos, sin, cfg.rope_interleave))
+
+    def _attention_out(self, a: _Attention, o_lat: torch.Tensor) -> torch.Tensor:
+        """Per row: the latent attention output [N, H, R] mapped back per head (W_UV), then o_proj."""
+        n, h = o_lat.shape[:2]
+        o = torch.einsum("nhr,hvr->nhv", o_lat, a.w_uv).reshape(n, h * self.cfg.v_head_dim)
         return F.linear(o, a.o_proj)
+
+    def _ffn(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
+        x = rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
+        return self._moe(layer, x) if layer["moe"] else swiglu(x, *layer["mlp"])
 
     def _moe(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
@@ -168,6 +184,19 @@ class TargetModel:
         if "shared" in layer:
             y = y + swiglu(x, *layer["shared"])
         return y
+
+
+def rowwise(fn, row_block: int | None, *rows: torch.Tensor):
+    """fn over tensors that share their first (row) dimension: at once, or on blocks of exactly row_block rows
+    (the last zero-padded, its padding dropped from the result). fn returns a tensor or a tuple of them."""
+    if row_block is None:
+        return fn(*rows)
+    n = rows[0].shape[0]
+    padded = [torch.cat([t, t.new_zeros((-n % row_block, *t.shape[1:]))]) for t in rows]
+    blocks = [fn(*(t[s:s + row_block] for t in padded)) for s in range(0, padded[0].shape[0], row_block)]
+    if isinstance(blocks[0], tuple):
+        return tuple(torch.cat(parts)[:n] for parts in zip(*blocks, strict=True))
+    return torch.cat(blocks)[:n]
 
 
 def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,17 @@ MODE_LABELS = {"ar": "AR", "chain": "chain", "ddtree": "DDTree"}
 
 
 @dataclass(slots=True)
+class NodeProbs:
+    """Per node of a verified tree: the target's and the drafter's probabilities (engine/node_probs.py)."""
+
+    target: list[float]  # p(i): the target's probability of node i's token given its ancestors (root: 1)
+    draft: list[float]  # the drafter's marginal probability of node i's token at its depth (root: 1)
+    move_on: list[float]  # the target's mass on node i's children: the chance the walk moves past node i
+    expected_accepted: float  # sum over drafted nodes of P(i), the chance that node i is accepted
+    draft_expected: float  # the drafter's surrogate: sum over drafted nodes of exp(cumulative draft log-prob)
+
+
+@dataclass(slots=True)
 class TreeRecord:
     """The drafted tree of one step. Node 0 is the root; nodes are in best-first pop order.
 
@@ -43,7 +54,7 @@ class StepRecord:
     mode: str  # one of MODES
     prefix_len: int  # cache rows before the step (= position of the root)
     tree: TreeRecord
-    target: list[int]  # target model's argmax at each node
+    target: list[int]  # the target model's pick at each node (argmax, or its sample at temperature > 0)
     logit_gap: list[float]  # top-1 minus top-2 target logit at each node
     path: list[int]  # accepted node indices, root first
     bonus: int  # target argmax at the last accepted node: the step's last committed token
@@ -51,6 +62,7 @@ class StepRecord:
     timings_ns: dict[str, int] = field(default_factory=dict)  # stage name -> elapsed ns (empty: timer off)
     wall_ns: int = 0  # host wall time of the step, reading its record included
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # (range name, start ns from step start, ns)
+    probs: NodeProbs | None = None  # what the target and the drafter give each node (engine/node_probs.py)
 
     @property
     def num_accepted(self) -> int:

@@ -31,9 +31,10 @@ def load_target(ckpt: Checkpoint, cfg: DecodeConfig) -> TargetModel:
 
 
 def golden_for(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig) -> list[int] | None:
-    """The fixture's golden continuation, if `prompt` is the fixture's own prompt and the model runs in
-    float32 (which reproduces the float64 golden tokens; bfloat16 may pick other near-tied tokens)."""
-    if cfg.dtype != "float32":
+    """The fixture's golden (greedy) continuation, if `prompt` is the fixture's own prompt, the decode is greedy
+    and the model runs in float32 (which reproduces the float64 golden tokens; bfloat16 may pick other near-tied
+    tokens)."""
+    if cfg.dtype != "float32" or cfg.temperature > 0:
         return None
     if ckpt.golden_tokens is not None and ckpt.prompt is not None and list(prompt) == ckpt.prompt.tolist():
         return ckpt.golden_tokens.tolist()

@@ -48,8 +48,9 @@ def _table(header: list[str], rows: list[list[str]], cls: str = "") -> str:
 def summary_section(summaries: dict[str, dict], env: dict, runs: dict[str, RunRecord]) -> str:
     ar = runs["ar"]
     verdicts = "".join(
-        f'<p><span class="ok">{MODE_LABELS[m]} emitted exactly the AR tokens</span></p>' if s["matches_ar"] else
-        f'<p><span class="bad">{MODE_LABELS[m]} diverged from AR</span></p>' for m, s in summaries.items())
+        f'<p><span class="ok">{s["exactness"]}: {MODE_LABELS[m]} emitted exactly the AR tokens</span></p>'
+        if s["matches_ar"] else f'<p><span class="bad">NOT {s["exactness"]}: {MODE_LABELS[m]} diverged from AR'
+        '</span></p>' for m, s in summaries.items())
     header = ["metric", "AR", *(MODE_LABELS[m] for m in summaries)]
     first = next(iter(summaries.values()))
 

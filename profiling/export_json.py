@@ -36,6 +36,9 @@ def step_dict(step: StepRecord) -> dict:
         "bonus": step.bonus, "committed": list(step.committed), "num_accepted": step.num_accepted,
         "num_committed": step.num_committed, "wall_ns": step.wall_ns, "timings_ns": dict(step.timings_ns),
         "spans": [list(s) for s in spans] if spans else None,
+        "probs": None if step.probs is None else {
+            "target": list(step.probs.target), "draft": list(step.probs.draft), "move_on": list(step.probs.move_on),
+            "expected_accepted": step.probs.expected_accepted, "draft_expected": step.probs.draft_expected},
     }
 
 

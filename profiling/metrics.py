@@ -18,6 +18,7 @@ import numpy as np
 from engine.records import MODES, RunRecord, StepRecord
 
 from .capture_data import Capture
+from .divergence import REAL, classify
 
 STEP = "step"
 
@@ -96,8 +97,10 @@ def first_divergence(ar: RunRecord, run: RunRecord) -> dict | None:
         logit_gap = top2_gap(row)
         if token is not None:
             token_gap = float(row.max() - row[token])
+    kind, score_gap, tolerance = classify(ar, position, token)
     return {"position": position, "ar_token": ar_token, "token": token, "logit_gap": logit_gap,
-            "token_gap": token_gap, "step": committing_step(run, position)}
+            "token_gap": token_gap, "step": committing_step(run, position), "kind": kind, "score_gap": score_gap,
+            "tolerance": tolerance}
 
 
 def check_runs(runs: dict[str, RunRecord]) -> None:
@@ -120,6 +123,12 @@ def primary_mode(runs: dict[str, RunRecord]) -> str:
     return "ddtree" if "ddtree" in runs else [m for m in runs if m != "ar"][-1]
 
 
+def exactness_term(run: RunRecord) -> str:
+    """What "the same tokens as AR" means for this run: greedy-exact at temperature 0, else seed-matched (AR and
+    the speculative run drew the same keyed noise, engine/sampling.py)."""
+    return "greedy-exact" if float(run.decode.get("temperature", 0.0)) == 0.0 else "seed-matched exact"
+
+
 def _ratio(x: float | None, y: float | None) -> float | None:
     return x / y if x is not None and y else None
 
@@ -133,6 +142,7 @@ def summarize(ar: RunRecord, run: RunRecord) -> dict:
     return {
         "mode": run.mode,
         "matches_ar": run.tokens == ar.tokens,
+        "exactness": exactness_term(run),
         "ar_tokens": list(ar.tokens),
         "tokens": list(run.tokens),
         "num_generated": len(run.tokens),
@@ -152,6 +162,11 @@ def summarize(ar: RunRecord, run: RunRecord) -> dict:
         "speedup": _ratio(tps, ar_tps),
         "first_divergence": first_divergence(ar, run),
     }
+
+
+def real_divergences(summaries: dict[str, dict]) -> list[str]:
+    """The modes whose tokens left AR's for a reason other than a numerics near tie (profiling/divergence.py)."""
+    return [m for m, s in summaries.items() if s["first_divergence"] and s["first_divergence"]["kind"] == REAL]
 
 
 def summarize_runs(runs: dict[str, RunRecord]) -> dict[str, dict]:

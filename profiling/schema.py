@@ -35,6 +35,11 @@ STEP = _object({
               "the record has per-name totals only",
               "items": {"type": "array", "prefixItems": [{"type": "string"}, _INT, _INT], "minItems": 3,
                         "maxItems": 3}},
+    "probs": {"oneOf": [{"type": "null"}, _object({
+        "target": _NUMS, "draft": _NUMS, "move_on": _NUMS, "expected_accepted": _NUM, "draft_expected": _NUM},
+    )], "description": "per node: the target's probability of its token given its ancestors, the drafter's "
+                       "marginal, the target's mass on its children; per step: the expected accepted drafted "
+                       "tokens under the target and the drafter's surrogate (engine/node_probs.py)"},
 })
 
 KERNEL_ROW = _object({
@@ -46,10 +51,15 @@ KERNEL_ROW = _object({
 DIVERGENCE = _object({
     "position": _INT, "ar_token": _OPT_INT, "token": _OPT_INT, "logit_gap": _OPT_NUM,
     "token_gap": _OPT_NUM, "step": _OPT_INT,
+    "kind": {"enum": ["numerics near tie", "real divergence"], "description": "profiling/divergence.py's rule"},
+    "score_gap": {**_OPT_NUM, "description": "how far below AR's pick AR scored the token (logit, or sampled score)"},
+    "tolerance": {**_OPT_NUM, "description": "the near-tie tolerance at that position"},
 })
 
 SUMMARY = _object({
-    "mode": _SPEC_MODE, "matches_ar": {"type": "boolean"}, "ar_tokens": _INTS, "tokens": _INTS, "num_generated": _INT,
+    "mode": _SPEC_MODE, "matches_ar": {"type": "boolean"},
+    "exactness": {"enum": ["greedy-exact", "seed-matched exact"], "description": "what matches_ar checks"},
+    "ar_tokens": _INTS, "tokens": _INTS, "num_generated": _INT,
     "num_steps": _INT, "ar_num_steps": _INT, "block_size": _INT, "budget": _INT, "tau": _OPT_NUM,
     "per_position_acceptance": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}},
     "acceptance_histogram": {"type": "array", "items": {"type": "integer", "minimum": 0}},

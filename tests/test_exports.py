@@ -203,6 +203,9 @@ def test_csvs_have_the_documented_columns_and_values(real_runs):
             stages = [float(row[f"{s}_ms"]) for s in export_csv.STAGES if row[f"{s}_ms"]]
             assert sum(stages) + float(row["other_ms"]) == pytest.approx(float(row["step_ms"]))
             assert (row["draft_ms"] == "") == (rec.mode == "ar")
+            if rec.probs is not None:  # greedy: the target's distribution is a point mass, so expected == realised
+                assert float(row["expected_accepted"]) == pytest.approx(rec.num_accepted)
+                assert float(row["draft_expected"]) == pytest.approx(rec.probs.draft_expected)
         assert len(kernels) == sum(len(metrics.kernel_table(run)) for run in runs.values())
         assert all(r["profiler_cpu_ms"] == "" and r["device_ms"] == "" for r in kernels)
 

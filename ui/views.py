@@ -69,10 +69,11 @@ def verdict(summary: dict) -> tuple[bool, str]:
     """(the speculative run emitted exactly the AR tokens?, the sentence that says so)."""
     n, label = summary["num_generated"], MODE_LABELS[summary["mode"]]
     div = summary["first_divergence"]
+    term = summary["exactness"]
     if summary["matches_ar"]:
-        return True, (f"Greedy-exact: {label} emitted exactly the AR tokens ({n} of {n} positions equal, "
+        return True, (f"{term.capitalize()}: {label} emitted exactly the AR tokens ({n} of {n} positions equal, "
                       f"in {summary['num_steps']} {label} steps vs {summary['ar_num_steps']} AR steps).")
     gap = "n/a" if div["logit_gap"] is None else f"{div['logit_gap']:.4g}"
-    return False, (f"NOT greedy-exact: {label} first diverges from AR at position {div['position']} "
+    return False, (f"NOT {term}: {label} first diverges from AR at position {div['position']} "
                    f"(AR token {div['ar_token']}, {label} token {div['token']}); the AR logits' top-1/top-2 "
                    f"gap there is {gap}.")
