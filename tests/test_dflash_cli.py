@@ -50,7 +50,7 @@ def test_sweep_and_verify_take_the_dflash_drafter(drafter_dir, tmp_path, capsys,
     lines = capsys.readouterr().out.splitlines()
     golden = " ".join(map(str, tiny_checkpoint.golden_tokens[:10]))
     assert lines[0] == f"golden : {golden}" and lines[2] == f"chain  : {golden}" and lines[3] == f"ddtree : {golden}"
-    assert lines[-1].startswith("PASS model_ddtree AR==GOLDEN and CHAIN==GOLDEN and DDTREE==GOLDEN")
+    assert lines[-1].startswith("PASS model_ddtree AR==golden and CHAIN==golden and DDTREE==golden")
 
 
 def test_dflash_command_line_errors_say_what_to_do(drafter_dir, tmp_path, capsys, tiny_checkpoint):

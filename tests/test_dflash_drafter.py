@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 from dflash_dirs import ROPES, small_layout
-from greedy import assert_greedy_equal
+from greedy import assert_greedy_equal, assert_sampled_equal
 
 from engine.config import DecodeConfig
 from engine.dflash import DFlashLoadError
@@ -98,6 +98,22 @@ def test_speculative_decodes_with_a_random_dflash_drafter_emit_the_ar_tokens(tin
         run = decode(ckpt, prompt, cfg, mode, spec_for(root), model=model)
         assert_greedy_equal(ar.tokens, ar.logits, run.tokens)
         assert run.drafter["name"] == "dflash" and run.num_steps <= ar.num_steps
+
+
+def test_sampled_and_batch_invariant_decodes_with_a_dflash_drafter_equal_ar(tiny, tmp_path):
+    """At T > 0 every committed token is AR's sample at its position; in the batch-invariant mode the tokens are
+    AR's bit for bit: the drafter only changes how many a step accepts."""
+    ckpt, model = tiny
+    root = make_dflash_dir(tmp_path / "d", small_layout(ckpt.config), seed=random.randrange(10**6))
+    prompt = np.random.default_rng().integers(0, ckpt.config.vocab_size, random.randint(2, 8)).tolist()
+    sampled = DecodeConfig(budget=24, block_size=8, max_new_tokens=10, temperature=0.8, top_k=40,
+                           seed=random.randrange(1000))
+    ar = decode(ckpt, prompt, sampled, "ar", model=model)
+    for mode in ("chain", "ddtree"):
+        assert_sampled_equal(ar, decode(ckpt, prompt, sampled, mode, spec_for(root), model=model).tokens, sampled)
+    exact = DecodeConfig(budget=24, block_size=8, max_new_tokens=10, batch_invariant=True)
+    ar = decode(ckpt, prompt, exact, "ar", model=model)
+    assert decode(ckpt, prompt, exact, "ddtree", spec_for(root), model=model).tokens == ar.tokens
 
 
 def test_the_fixture_prompt_decodes_its_golden_tokens_with_a_dflash_drafter(tiny, tmp_path):
