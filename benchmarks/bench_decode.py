@@ -97,8 +97,7 @@ def tiny() -> ModelConfig:
         first_k_dense_replace=1, max_position_embeddings=4096)
 
 
-def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_positions: int,
-                 seed: int) -> TargetModel:
+def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> TargetModel:
     """Weights drawn in dtype on the device: matrices with std 1/sqrt(fan_in), unit norms, a standard normal
     embedding, and lm_head[perm[t]] = embed[t] / sqrt(hidden), so the greedy successor of t is perm[t]."""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -118,7 +117,7 @@ def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max
     if head != "model.embed_tokens.weight":
         perm = torch.randperm(cfg.vocab_size, generator=gen, device=device)
         weights[head] = torch.empty_like(embed).index_copy_(0, perm, embed * cfg.hidden_size ** -0.5)
-    return TargetModel(cfg, weights, max_positions)
+    return TargetModel(cfg, weights)
 
 
 def time_steps(step: Callable[[], object], num_steps: int, device: torch.device) -> list[float]:
@@ -226,8 +225,7 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
     """The AR row first (its tokens are the oracle's continuation), then one row per budget and oracle."""
     rng = np.random.default_rng(0)
     prompt = rng.integers(cfg.vocab_size, size=plan.prompt_len).tolist()
-    max_positions = plan.prompt_len + 2 * plan.max_new_tokens + 2 * plan.block_size
-    model = random_model(cfg, device, dtype, max_positions, seed=0)
+    model = random_model(cfg, device, dtype, seed=0)
     cuda = device.type == "cuda"
     need = plan.max_new_tokens + plan.block_size  # continuation the drafters look into
     dtype_name = str(dtype).removeprefix("torch.")
