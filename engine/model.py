@@ -78,9 +78,9 @@ class TargetModel:
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32",
                         max_positions: int | None = None) -> TargetModel:
-        torch_dtype = DTYPES[dtype]
-        weights = {name: torch.from_numpy(arr).to(device=device, dtype=torch_dtype)
-                   for name, arr in ckpt.weights.items()}
+        """The model of ckpt on device in dtype. The weights arrive one at a time, already on the device in dtype
+        (ckpt.weights.tensors): a Hugging Face checkpoint goes from its files to the device without a host copy."""
+        weights = dict(ckpt.weights.tensors(device, DTYPES[dtype]))
         return cls(ckpt.config, weights, max_positions or ckpt.config.max_position_embeddings)
 
     def _layer(self, w: dict[str, torch.Tensor], i: int) -> dict:
