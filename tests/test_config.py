@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from engine import reference, rope
 from engine.config import MAX_TOTAL_EXPERTS, ConfigError, DecodeConfig, ModelConfig
 from engine.fixtures import tiny_config
 from engine.hf import HFLoadError
-from engine.hf_config import ARCHITECTURE, config_from_hf
+from engine.hf_config import ARCHITECTURE, config_from_hf, fp8_block_size
 from engine.weights import weight_shapes
 
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
@@ -146,6 +147,49 @@ def test_model_config_json_errors():
     del data["vocab_size"]
     with pytest.raises(ConfigError, match="missing"):
         ModelConfig.from_dict(data)
+
+
+# The released config.json files (their model-defining keys), FP8 quantization_config included.
+RELEASED = {
+    "DeepSeek-V3": dict(
+        model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+        moe_intermediate_size=2048, num_hidden_layers=61, num_nextn_predict_layers=1, num_attention_heads=128,
+        num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256, ep_size=1, routed_scaling_factor=2.5,
+        kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+        topk_method="noaux_tc", n_group=8, topk_group=4, num_experts_per_tok=8, moe_layer_freq=1,
+        first_k_dense_replace=3, norm_topk_prob=True, scoring_func="sigmoid", aux_loss_alpha=0.001, seq_aux=True,
+        hidden_act="silu", max_position_embeddings=163840, initializer_range=0.02, rms_norm_eps=1e-06,
+        use_cache=True, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, rope_theta=10000,
+        rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                      "original_max_position_embeddings": 4096, "type": "yarn"},
+        attention_bias=False, attention_dropout=0.0, torch_dtype="bfloat16", transformers_version="4.33.1"),
+    "Kimi-K2": dict(
+        model_type="kimi_k2", vocab_size=163840, hidden_size=7168, intermediate_size=18432,
+        moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=64, num_key_value_heads=64,
+        n_shared_experts=1, n_routed_experts=384, routed_scaling_factor=2.827, kv_lora_rank=512, q_lora_rank=1536,
+        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, topk_method="noaux_tc", n_group=1, topk_group=1,
+        num_experts_per_tok=8, moe_layer_freq=1, first_k_dense_replace=1, norm_topk_prob=True,
+        scoring_func="sigmoid", hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-06,
+        pad_token_id=163839, bos_token_id=163584, eos_token_id=163585, tie_word_embeddings=False,
+        rope_theta=50000.0, rope_scaling={"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+                                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                                          "type": "yarn"},
+        attention_bias=False, attention_dropout=0.0, torch_dtype="bfloat16", num_nextn_predict_layers=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED))
+def test_released_configs_are_within_the_limits(name):
+    data = {"architectures": [ARCHITECTURE], **RELEASED[name],
+            "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                    "weight_block_size": [128, 128]}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = config_from_hf(data)
+    assert fp8_block_size(data) == (128, 128)
+    assert (cfg.num_hidden_layers, cfg.n_routed_experts, cfg.vocab_size) == (61, data["n_routed_experts"],
+                                                                           data["vocab_size"])
+    assert cfg.rope_scaling["factor"] == data["rope_scaling"]["factor"]
 
 
 @pytest.mark.parametrize("kwargs,needle", [
