@@ -84,10 +84,9 @@ class TargetModel:
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32") -> TargetModel:
-        torch_dtype = DTYPES[dtype]
-        weights = {name: torch.from_numpy(arr).to(device=device, dtype=torch_dtype)
-                   for name, arr in ckpt.weights.items()}
-        return cls(ckpt.config, weights)
+        """The model of ckpt on device in dtype. The weights arrive one at a time, already on the device in dtype
+        (ckpt.weights.tensors): a Hugging Face checkpoint goes from its files to the device without a host copy."""
+        return cls(ckpt.config, dict(ckpt.weights.tensors(device, DTYPES[dtype])))
 
     def _layer(self, w: dict[str, torch.Tensor], i: int) -> dict:
         cfg, p = self.cfg, f"model.layers.{i}"

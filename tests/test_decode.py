@@ -164,7 +164,7 @@ def test_step_after_done_says_so(tiny):
 
 def test_nan_weights_give_a_clear_error(tiny):
     ckpt, _ = tiny
-    weights = dict(ckpt.weights)
+    weights = dict(ckpt.numpy_weights())
     weights["model.norm.weight"] = np.full_like(weights["model.norm.weight"], np.nan)
     model = TargetModel.from_checkpoint(Checkpoint(ckpt.config, weights, "nan"))
     with pytest.raises(DecodeError, match="non-finite logits"):
