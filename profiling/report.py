@@ -95,6 +95,16 @@ def _write_temp(path: pathlib.Path, data: bytes) -> pathlib.Path:
     return tmp
 
 
+def write_atomic(path: pathlib.Path, data: bytes) -> None:
+    """One file written whole or not at all: a temporary sibling renamed over path."""
+    tmp = _write_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _backup(path: pathlib.Path) -> pathlib.Path:
     """A second name for path's current content: a hard link (no copy, path stays in place), or a copy where
     the filesystem has no hard links."""
