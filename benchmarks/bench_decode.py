@@ -88,8 +88,7 @@ def dflash_layout(cfg: ModelConfig, plan: Plan) -> DFlashConfig:
                            target_layer_ids=tuple(range(cfg.num_hidden_layers)))
 
 
-def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_positions: int,
-                 seed: int) -> TargetModel:
+def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> TargetModel:
     """Weights drawn in dtype on the device: matrices with std 1/sqrt(fan_in), unit norms, a standard normal
     embedding, and lm_head[perm[t]] = embed[t] / sqrt(hidden), so the greedy successor of t is perm[t]."""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -109,7 +108,7 @@ def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max
     if head != "model.embed_tokens.weight":
         perm = torch.randperm(cfg.vocab_size, generator=gen, device=device)
         weights[head] = torch.empty_like(embed).index_copy_(0, perm, embed * cfg.hidden_size ** -0.5)
-    return TargetModel(cfg, weights, max_positions)
+    return TargetModel(cfg, weights)
 
 
 def ddtree_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, drafter: OracleDrafter,
@@ -148,8 +147,7 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
     learned drafter's rows."""
     rng = np.random.default_rng(0)
     prompt = rng.integers(cfg.vocab_size, size=plan.prompt_len).tolist()
-    max_positions = plan.prompt_len + 2 * plan.max_new_tokens + 2 * plan.block_size
-    model = random_model(cfg, device, dtype, max_positions, seed=0)
+    model = random_model(cfg, device, dtype, seed=0)
     cuda = device.type == "cuda"
     need = plan.max_new_tokens + plan.block_size  # continuation the drafters look into
     dtype_name = str(dtype).removeprefix("torch.")

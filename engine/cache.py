@@ -1,4 +1,5 @@
-"""The latent KV cache of absorbed MLA: per token and layer, c (kv_lora_rank) and rope(k_pe) (qk_rope_head_dim).
+"""The latent KV cache of absorbed MLA: per token and layer, c (kv_lora_rank) and rope(k_pe) (qk_rope_head_dim),
+and the RoPE tables of the positions the decode can reach.
 
 prefix_len is a 0-dim device tensor, so a whole decode step (write rows, verify, compact, advance) runs
 without reading it on the host.
@@ -12,8 +13,9 @@ from kernels import ops
 
 class LatentCache:
     def __init__(self, num_layers: int, capacity: int, kv_lora_rank: int, rope_dim: int,
-                 device: torch.device | str, dtype: torch.dtype) -> None:
+                 device: torch.device | str, dtype: torch.dtype, rope: tuple[torch.Tensor, torch.Tensor]) -> None:
         self.capacity = capacity
+        self.cos, self.sin = rope  # [positions, P/2]
         self.ckv = torch.zeros(num_layers, capacity, kv_lora_rank, device=device, dtype=dtype)  # [layers, S, R]
         self.kpe = torch.zeros(num_layers, capacity, rope_dim, device=device, dtype=dtype)  # [layers, S, P]
         self.prefix_len = torch.zeros((), dtype=torch.int64, device=device)  # rows holding committed tokens

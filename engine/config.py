@@ -11,6 +11,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from . import strict_json
+
 MAX_BUDGET = 1024
 MAX_NEW_TOKENS = 1 << 20  # a bound before anything is sized from it; the context is checked per model
 MAX_TEMPERATURE = 100.0
@@ -27,7 +29,7 @@ class ConfigError(ValueError):
 
 def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
     if not cond:
-        raise ConfigError(f"{name}={value!r} is out of range: expected {allowed}")
+        raise ConfigError(f"{name}={value!r:.200} is out of range: expected {allowed}")
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -35,17 +37,108 @@ def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     _check(ok, name, value, f"an integer in [{lo}, {hi if hi is not None else 'inf'}]")
 
 
-def _is_positive_float(value: Any) -> bool:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return 0 < float(value) < math.inf
-    except OverflowError:  # an int too large for a float
-        return False
+# Limits a model config may claim: generous bounds above DeepSeek-V3 / Kimi-K2 (their values in the comments)
+# that reject sizes no real model has, before anything is allocated from them.
+MAX_VOCAB_SIZE = 1 << 20  # 129,280 / 163,840
+MAX_WIDTH = 1 << 16  # hidden 7,168; intermediate 18,432; moe_intermediate 2,048; q_lora 1,536; kv_lora 512
+MAX_HEAD_DIM = 1024  # qk_nope 128, qk_rope 64, v 128
+MAX_HEADS = 1024  # 128 / 64
+MAX_LAYERS = 1024  # 61
+MAX_EXPERTS = 4096  # routed experts per layer: 256 / 384 (also bounds n_shared_experts, n_group)
+MAX_TOTAL_EXPERTS = 1 << 17  # routed experts summed over the MoE layers: 58 x 256 = 14,848 / 60 x 384 = 23,040
+MAX_POSITIONS = 1 << 20  # max_position_embeddings 163,840 / 131,072
+MAX_ROUTED_SCALING = 100.0  # 2.5 / 2.827
+MAX_ROPE_THETA = 1e12  # 10,000 / 50,000
+# YaRN (rope_scaling): the keys transformers' _compute_yarn_parameters reads, and their ranges
+YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+             "attention_factor", "truncate")
+YARN_MAX_FACTOR = 1024.0  # 40 / 32
+YARN_BETA_RANGE = (1e-3, 1e4)  # beta_fast 32, beta_slow 1 / both 1: rotations, > 0 (they are divided by)
+YARN_MAX_MSCALE = 100.0  # mscale, mscale_all_dim 1 / 1 (0 means unset, as in transformers)
+YARN_MAX_ATTENTION_FACTOR = 100.0  # cos/sin are multiplied by it
+
+_INT_FIELDS = {  # name -> (min, max)
+    "vocab_size": (1, MAX_VOCAB_SIZE), "hidden_size": (1, MAX_WIDTH), "num_hidden_layers": (1, MAX_LAYERS),
+    "num_attention_heads": (1, MAX_HEADS), "kv_lora_rank": (1, MAX_WIDTH), "qk_nope_head_dim": (1, MAX_HEAD_DIM),
+    "qk_rope_head_dim": (2, MAX_HEAD_DIM), "v_head_dim": (1, MAX_HEAD_DIM), "intermediate_size": (1, MAX_WIDTH),
+    "moe_intermediate_size": (1, MAX_WIDTH), "n_routed_experts": (0, MAX_EXPERTS),
+    "n_shared_experts": (0, MAX_EXPERTS), "num_experts_per_tok": (0, MAX_EXPERTS), "n_group": (1, MAX_EXPERTS),
+    "topk_group": (1, MAX_EXPERTS), "first_k_dense_replace": (0, MAX_LAYERS),
+    "max_position_embeddings": (1, MAX_POSITIONS),
+}
+_FLOAT_FIELDS = {  # name -> interval as _as_float takes it
+    "routed_scaling_factor": ("(", 0.0, MAX_ROUTED_SCALING, "]"), "rms_norm_eps": ("(", 0.0, 1.0, ")"),
+    "rope_theta": ("(", 1.0, MAX_ROPE_THETA, "]"),
+}
+_YARN_FLOATS = {
+    "factor": ("[", 1.0, YARN_MAX_FACTOR, "]"),
+    "beta_fast": ("[", *YARN_BETA_RANGE, "]"),
+    "beta_slow": ("[", *YARN_BETA_RANGE, "]"),
+    "mscale": ("[", 0.0, YARN_MAX_MSCALE, "]"),
+    "mscale_all_dim": ("[", 0.0, YARN_MAX_MSCALE, "]"),
+    "attention_factor": ("[", 1e-3, YARN_MAX_ATTENTION_FACTOR, "]"),
+}
+
+
+def _as_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """value as a plain int (numpy integers are accepted; bools are not integers here)."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and lo <= value <= hi
+    _check(ok, name, value, f"an integer in [{lo}, {hi}]")
+    return int(value)
+
+
+def _as_float(name: str, value: Any, interval: tuple[str, float, float, str]) -> float:
+    """value as a float inside interval, e.g. ("(", 0.0, 1.0, "]") for 0 < value <= 1."""
+    left, lo, hi, right = interval
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if ok:
+        try:
+            x = float(value)
+        except OverflowError:  # an int too large for a float
+            x = math.inf
+        ok = (lo < x if left == "(" else lo <= x) and (x < hi if right == ")" else x <= hi)
+    _check(ok, name, value, f"a number in {left}{lo:g}, {hi:g}{right}")
+    return x
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    _check(isinstance(value, bool), name, value, "true or false")
+    return value
+
+
+def _yarn(rs: Any) -> dict:
+    """rope_scaling checked key by key, with its numbers as plain floats and ints; a null value means unset."""
+    _check(isinstance(rs, dict), "rope_scaling", rs, "null or an object")
+    rs = {key: value for key, value in rs.items() if value is not None}
+    kind = rs.get("type", rs.get("rope_type"))
+    if rs.get("rope_type", kind) != kind:
+        raise ConfigError(f"rope_scaling has type={kind!r:.40} and rope_type={rs['rope_type']!r:.40}; keep one")
+    _check(kind == "yarn", "rope_scaling.type", kind, "'yarn' (the only scaling DeepSeek-V3 uses) or null")
+    unknown = sorted(str(k) for k in set(rs) - {"type", "rope_type", *YARN_KEYS})
+    if unknown:
+        raise ConfigError(f"rope_scaling has unknown key(s) {unknown}: YaRN takes type and {list(YARN_KEYS)}")
+    for key in ("factor", "original_max_position_embeddings"):
+        if key not in rs:
+            raise ConfigError(f"rope_scaling needs {key!r}: YaRN is defined by factor and "
+                              "original_max_position_embeddings")
+    out: dict = {"type": "yarn"}
+    for key in (k for k in YARN_KEYS if k in rs):
+        where = f"rope_scaling.{key}"
+        if key == "original_max_position_embeddings":
+            out[key] = _as_int(where, rs[key], 1, MAX_POSITIONS)
+        elif key == "truncate":
+            out[key] = _as_bool(where, rs[key])
+        else:
+            out[key] = _as_float(where, rs[key], _YARN_FLOATS[key])
+    return out
 
 
 @dataclass(slots=True, frozen=True)
 class ModelConfig:
+    """The shape and numerics of a DeepSeek-V3 / Kimi-K2 model. Every field is checked here, once, for its type
+    and range (the limits above) whatever it came from (.kdtr or config.json); numbers are stored as plain ints
+    and floats, rope_scaling as a checked copy."""
+
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -74,18 +167,23 @@ class ModelConfig:
     tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
-                     "qk_nope_head_dim", "v_head_dim", "intermediate_size", "moe_intermediate_size",
-                     "max_position_embeddings", "n_group", "topk_group"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("qk_rope_head_dim", self.qk_rope_head_dim, 2)
-        _check(self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", self.qk_rope_head_dim, "an even number")
+        for name, (lo, hi) in _INT_FIELDS.items():
+            self._set(name, _as_int(name, getattr(self, name), lo, hi))
+        for name, interval in _FLOAT_FIELDS.items():
+            self._set(name, _as_float(name, getattr(self, name), interval))
+        for name in ("norm_topk_prob", "rope_interleave", "tie_word_embeddings"):
+            _as_bool(name, getattr(self, name))
         if self.q_lora_rank is not None:
-            _check_int("q_lora_rank", self.q_lora_rank, 1)
-        _check_int("n_routed_experts", self.n_routed_experts, 0)
-        _check_int("n_shared_experts", self.n_shared_experts, 0)
-        _check_int("first_k_dense_replace", self.first_k_dense_replace, 0, self.num_hidden_layers)
-        if self.first_k_dense_replace < self.num_hidden_layers:  # some layer is MoE
+            self._set("q_lora_rank", _as_int("q_lora_rank", self.q_lora_rank, 1, MAX_WIDTH))
+        _check(self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", self.qk_rope_head_dim, "an even number")
+        _check(self.first_k_dense_replace <= self.num_hidden_layers, "first_k_dense_replace",
+               self.first_k_dense_replace, f"an integer in [0, num_hidden_layers={self.num_hidden_layers}]")
+        _check(isinstance(self.scoring_func, str) and self.scoring_func in SCORING_FUNCS, "scoring_func",
+               self.scoring_func, f"one of {SCORING_FUNCS}")
+        if self.rope_scaling is not None:
+            self._set("rope_scaling", _yarn(self.rope_scaling))
+        num_moe_layers = self.num_hidden_layers - self.first_k_dense_replace
+        if num_moe_layers:
             _check_int("n_routed_experts", self.n_routed_experts, 1)
             _check_int("num_experts_per_tok", self.num_experts_per_tok, 1, self.n_routed_experts)
             _check(self.n_routed_experts % self.n_group == 0, "n_group", self.n_group,
@@ -94,22 +192,12 @@ class ModelConfig:
             _check(self.num_experts_per_tok <= self.topk_group * (self.n_routed_experts // self.n_group),
                    "num_experts_per_tok", self.num_experts_per_tok,
                    "at most topk_group * experts per group (the experts the group filter keeps)")
-        _check(self.scoring_func in SCORING_FUNCS, "scoring_func", self.scoring_func, f"one of {SCORING_FUNCS}")
-        for name in ("rms_norm_eps", "rope_theta", "routed_scaling_factor"):
-            value = getattr(self, name)
-            _check(_is_positive_float(value), name, value, "a finite number > 0")
-        for name in ("norm_topk_prob", "rope_interleave", "tie_word_embeddings"):
-            _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
-        _check(self.rope_scaling is None or isinstance(self.rope_scaling, dict), "rope_scaling", self.rope_scaling,
-               "null or an object")
-        if self.rope_scaling is not None:
-            kind = self.rope_scaling.get("type", self.rope_scaling.get("rope_type"))
-            _check(kind == "yarn", "rope_scaling.type", kind, "'yarn' (the only scaling DeepSeek-V3 uses) or null")
-            factor = self.rope_scaling.get("factor")
-            _check(isinstance(factor, (int, float)) and factor >= 1, "rope_scaling.factor", factor, "a number >= 1")
-            orig = self.rope_scaling.get("original_max_position_embeddings")
-            _check(isinstance(orig, int) and orig >= 1, "rope_scaling.original_max_position_embeddings", orig,
-                   "an integer >= 1")
+            _check(num_moe_layers * self.n_routed_experts <= MAX_TOTAL_EXPERTS, "n_routed_experts",
+                   self.n_routed_experts, f"at most {MAX_TOTAL_EXPERTS} routed experts over the {num_moe_layers} "
+                   "MoE layers")
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # frozen: only __post_init__ normalises a field
 
     # Derived quantities: the one definition both the torch model and the golden model use.
     @property
@@ -143,9 +231,9 @@ class ModelConfig:
     @classmethod
     def from_json(cls, text: str) -> ModelConfig:
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"model config is not valid JSON: {exc}") from exc
+            data = strict_json.loads(text.encode("utf-8", "surrogatepass"))
+        except strict_json.StrictJSONError as exc:
+            raise ConfigError(f"model config is {exc}") from exc
         return cls.from_dict(data)
 
 

@@ -6,6 +6,7 @@ record of the step is read afterwards, off the hot path.
 """
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -73,8 +74,9 @@ class Decoder:
         self.prompt = validate_prompt(prompt, model.cfg.vocab_size)
         self.capacity = check_room(len(self.prompt), cfg, model, self.num_nodes)
         mcfg, dev = model.cfg, model.device
+        last_position = len(self.prompt) + cfg.max_new_tokens + cfg.block_size
         self.cache = LatentCache(mcfg.num_hidden_layers, self.capacity, mcfg.kv_lora_rank, mcfg.qk_rope_head_dim,
-                                 dev, model.dtype)
+                                 dev, model.dtype, model.rope(last_position + 1))
         slack = cfg.block_size + 1  # the last step may commit past max_new_tokens; a scratch slot follows
         self.generated = torch.zeros(cfg.max_new_tokens + slack, dtype=torch.int64, device=dev)
         self.num_generated = torch.zeros((), dtype=torch.int64, device=dev)
@@ -242,6 +244,10 @@ class DDTreeDecoder(Decoder):
 
 
 def validate_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
+    """Token ids as a list of ints: integers only (numpy integers too; no floats, strings or bools), in range."""
+    not_ids = [t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)]
+    if not_ids:
+        raise DecodeError(f"prompt entries {not_ids[:5]!r} are not integer token ids")
     ids = [int(t) for t in prompt]
     if not ids:
         raise DecodeError("the prompt is empty: give at least one token id")
@@ -254,7 +260,7 @@ def validate_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
 def check_room(prompt_len: int, cfg: DecodeConfig, model: TargetModel, num_nodes: int) -> int:
     """Cache rows a decode of trees of num_nodes needs; raises if its positions exceed the model's context."""
     last_position = prompt_len + cfg.max_new_tokens + cfg.block_size
-    limit = model.cos.shape[0]
+    limit = model.cfg.max_position_embeddings
     if last_position > limit:
         raise DecodeError(
             f"prompt of {prompt_len} tokens + max_new_tokens {cfg.max_new_tokens} + block_size {cfg.block_size} "

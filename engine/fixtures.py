@@ -84,7 +84,7 @@ def _make_fixture_command(args: argparse.Namespace) -> int:
     except (KdtrError, OSError) as exc:
         print(f"error: could not write {out}: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {out}: {len(ckpt.weights)} weight tensors, prompt of {ckpt.prompt.size} tokens, "
+    print(f"wrote {out}: {len(ckpt.weights.names())} weight tensors, prompt of {ckpt.prompt.size} tokens, "
           f"{ckpt.golden_tokens.size} golden tokens ({out.stat().st_size} bytes)")
     return 0
 

@@ -1,36 +1,39 @@
 """The .kdtr container: a safetensors file holding a model config, its weights, a prompt and golden data.
 
 Layout: the safetensors format (8-byte little-endian header length, JSON header, raw little-endian data) with
-metadata {"format": "kdtr", "version": "1", "config": <ModelConfig JSON>} and tensors: every weight by its
-checkpoint name (F32), "prompt" (I64 [P]), and optionally "golden_tokens" (I64 [T]) with "golden_logits"
-(F32 [T, V]). Files are written here byte for byte (header keys and tensors in sorted order), so the same
-checkpoint always gives the same bytes.
+metadata {"format": "kdtr", "version": "2", "config": <ModelConfig JSON>, "data_sha256": <hex SHA-256 of the
+data section, every byte after the header>} and tensors: every weight by its checkpoint name (F32), "prompt"
+(I64 [P]), and optionally "golden_tokens" (I64 [T]) with "golden_logits" (F32 [T, V]). Files are written here
+byte for byte (header keys and tensors in sorted order), so the same checkpoint always gives the same bytes.
+Version 1 is the same without data_sha256: it is still read, with a warning that corrupt data goes unnoticed.
 
-Reading never unpickles anything. The header is parsed and checked here before safetensors sees the data, and
-every problem, including any error the library raises on a corrupt file, becomes a KdtrError naming the file.
+Reading never unpickles anything: the header is parsed and checked by engine.safetensors_file, the data section
+against its digest, and every problem is a KdtrError naming the file.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-import math
 import os
 import pathlib
 import struct
 import tempfile
+import warnings
 
 import numpy as np
-import safetensors.numpy
 
+from . import safetensors_file
 from .checkpoint import Checkpoint
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
+from .safetensors_file import TensorEntry
 from .weights import weight_shapes
 
 FORMAT = "kdtr"
-VERSION = "1"
-SUPPORTED_VERSIONS = ("1",)
+VERSION = "2"
+SUPPORTED_VERSIONS = ("1", "2")  # 1: no data_sha256
 EXTRA_TENSORS = ("prompt", "golden_tokens", "golden_logits")
 _DTYPES = {"F32": np.dtype("<f4"), "I64": np.dtype("<i8")}  # the only dtypes a .kdtr holds
-_MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+_DTYPE_SIZES = {name: dtype.itemsize for name, dtype in _DTYPES.items()}
 
 
 class KdtrError(ValueError):
@@ -40,7 +43,7 @@ class KdtrError(ValueError):
 # ---- writing -------------------------------------------------------------------------------------------------
 
 def _tensors_of(ckpt: Checkpoint) -> dict[str, np.ndarray]:
-    tensors = {name: np.asarray(w, dtype=np.float32) for name, w in ckpt.weights.items()}
+    tensors = {name: np.asarray(w, dtype=np.float32) for name, w in ckpt.numpy_weights().items()}
     if ckpt.prompt is None:
         raise KdtrError(f"checkpoint from {ckpt.source} has no prompt; a .kdtr file always carries one")
     tensors["prompt"] = np.asarray(ckpt.prompt, dtype=np.int64)
@@ -54,16 +57,18 @@ def _tensors_of(ckpt: Checkpoint) -> dict[str, np.ndarray]:
 def encode_kdtr(ckpt: Checkpoint) -> bytes:
     """The file's bytes: deterministic for a given checkpoint."""
     tensors = _tensors_of(ckpt)
-    header: dict = {"__metadata__": {"config": ckpt.config.to_json(), "format": FORMAT, "version": VERSION}}
-    chunks, offset = [], 0
+    entries, chunks, offset, digest = {}, [], 0, hashlib.sha256()
     for name in sorted(tensors):
         arr = tensors[name]
         data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
         dtype = "F32" if arr.dtype == np.float32 else "I64"
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        entries[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
         chunks.append(data)
+        digest.update(data)
         offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
+    metadata = {"config": ckpt.config.to_json(), "data_sha256": digest.hexdigest(), "format": FORMAT,
+                "version": VERSION}
+    text = json.dumps({"__metadata__": metadata, **entries}, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # safetensors pads the header so the data starts 8-byte aligned
     return struct.pack("<Q", len(text)) + text + b"".join(chunks)
 
@@ -102,86 +107,50 @@ def read_kdtr(path: str | os.PathLike) -> Checkpoint:
     if not path.is_file():
         raise KdtrError(f"{path}: not a regular file")
     try:
-        data = path.read_bytes()
+        with open(path, "rb", buffering=0) as f:
+            data = bytearray(os.fstat(f.fileno()).st_size)  # writable: the arrays are views of it
+            safetensors_file.read_exactly(f, 0, memoryview(data), str(path), KdtrError)
     except OSError as exc:
         raise KdtrError(f"{path}: cannot read: {exc}") from exc
     return decode_kdtr(data, str(path))
 
 
-def decode_kdtr(data: bytes, source: str) -> Checkpoint:
-    """Parse and validate the bytes of a .kdtr file; source names it in every error."""
-    header = _parse_header(data, source)
-    cfg = _parse_metadata(header.pop("__metadata__", None), source)
-    _check_entries(header, _expected_entries(cfg, header, source), source)
-    try:
-        loaded = safetensors.numpy.load(data)
-    except Exception as exc:  # the library's errors on corrupt input are not one documented type
-        raise KdtrError(f"{source}: safetensors could not load the data: {exc}") from exc
-    tensors = {name: np.array(arr) for name, arr in loaded.items()}  # own, writable copies
+def decode_kdtr(data: bytes | bytearray, source: str) -> Checkpoint:
+    """Parse and validate the bytes of a .kdtr file; source names it in every error. The arrays are views of
+    data (writable when data is a bytearray)."""
+    length = safetensors_file.header_length(data[:safetensors_file.PREFIX_BYTES], len(data), source, KdtrError)
+    start = safetensors_file.PREFIX_BYTES + length
+    entries, metadata = safetensors_file.parse_header(bytes(data[safetensors_file.PREFIX_BYTES:start]),
+                                                      len(data) - start, source, KdtrError, _DTYPE_SIZES)
+    cfg = _parse_metadata(metadata, source)
+    _check_entries(entries, _expected_entries(cfg, entries, source), source)
+    _check_digest(metadata, memoryview(data)[start:], source)
+    tensors = {name: _array(data, start, entry) for name, entry in entries.items()}
     _check_values(cfg, tensors, source)
     return Checkpoint(config=cfg, weights={n: tensors[n] for n in weight_shapes(cfg)}, source=source,
                       prompt=tensors["prompt"], golden_tokens=tensors.get("golden_tokens"),
                       golden_logits=tensors.get("golden_logits"))
 
 
-def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    seen: set[str] = set()
-    duplicates = sorted({k for k, _ in pairs if k in seen or seen.add(k)})
-    if duplicates:
-        raise ValueError(f"duplicate key(s) {duplicates}")
-    return dict(pairs)
+def _array(data: bytes | bytearray, start: int, entry: TensorEntry) -> np.ndarray:
+    dtype = _DTYPES[entry.dtype]
+    arr = np.frombuffer(data, dtype=dtype, count=entry.nbytes // dtype.itemsize, offset=start + entry.begin)
+    arr = arr.reshape(entry.shape)
+    return arr if arr.flags.aligned else arr.copy()  # a header of unpadded length leaves the data unaligned
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _parse_header(data: bytes, source: str) -> dict:
-    """Check the length prefix, the JSON, every entry's dtype/shape/offsets against the data size."""
-    if len(data) < 8:
-        raise KdtrError(f"{source}: truncated: {len(data)} bytes, shorter than the 8-byte header length prefix")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > min(len(data) - 8, _MAX_HEADER_BYTES):
-        raise KdtrError(f"{source}: header length prefix says {header_len} bytes but the file holds "
-                        f"{len(data) - 8} after the prefix (truncated or not a safetensors/.kdtr file)")
-    try:
-        header = json.loads(data[8:8 + header_len].decode("utf-8"), object_pairs_hook=_reject_duplicates)
-    except (ValueError, RecursionError) as exc:  # includes UnicodeDecodeError and JSONDecodeError
-        raise KdtrError(f"{source}: header is not valid UTF-8 JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise KdtrError(f"{source}: header must be a JSON object, got {type(header).__name__}")
-    data_len = len(data) - 8 - header_len
-    spans = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-            raise KdtrError(f"{source}: tensor {name!r}: header entry must be an object with exactly "
-                            f"dtype, shape and data_offsets, got {entry!r:.200}")
-        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if not isinstance(dtype, str) or dtype not in _DTYPES:
-            raise KdtrError(f"{source}: tensor {name!r}: dtype {dtype!r} is not one a .kdtr holds {list(_DTYPES)}")
-        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-            raise KdtrError(f"{source}: tensor {name!r}: shape must be a list of integers >= 0, got {shape!r:.200}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
-                and offsets[0] <= offsets[1] <= data_len):
-            raise KdtrError(f"{source}: tensor {name!r}: data_offsets {offsets!r:.200} out of range: the data "
-                            f"section holds {data_len} bytes (truncated file?)")
-        nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
-        if offsets[1] - offsets[0] != nbytes:
-            raise KdtrError(f"{source}: tensor {name!r}: data_offsets {offsets} span {offsets[1] - offsets[0]} "
-                            f"bytes but {dtype} {shape} needs {nbytes}")
-        spans.append((offsets[0], offsets[1], name))
-    end = 0
-    for begin, stop, name in sorted(spans):
-        if begin != end:
-            what = "overlaps the previous tensor" if begin < end else f"leaves a gap at byte {end}"
-            raise KdtrError(f"{source}: tensor {name!r}: data_offsets [{begin}, {stop}] {what}")
-        end = stop
-    if end != data_len:
-        raise KdtrError(f"{source}: the tensors cover {end} bytes of data but the file holds {data_len} "
-                        f"(truncated, or trailing bytes)")
-    return header
+def _check_digest(metadata: dict, body: memoryview, source: str) -> None:
+    if metadata["version"] == "1":
+        warnings.warn(f"{source} is a version-1 .kdtr: it carries no checksum, so corrupt weight bytes would go "
+                      "unnoticed; write it again (engine.kdtr.write_kdtr) to add one", stacklevel=4)
+        return
+    want = metadata.get("data_sha256")
+    if not isinstance(want, str):
+        raise KdtrError(f"{source}: metadata has no data_sha256 string, which a version-{VERSION} .kdtr carries")
+    got = hashlib.sha256(body).hexdigest()
+    if got != want:
+        raise KdtrError(f"{source}: the data section does not match its checksum (SHA-256 {got[:16]}..., the "
+                        f"header says {want[:16]}...): the file is corrupt; write or download it again")
 
 
 def _parse_metadata(metadata: object, source: str) -> ModelConfig:
@@ -197,11 +166,11 @@ def _parse_metadata(metadata: object, source: str) -> ModelConfig:
         raise KdtrError(f"{source}: metadata has no config string (the ModelConfig as JSON)")
     try:
         return ModelConfig.from_json(text)
-    except Exception as exc:  # ConfigError, or what a hostile value trips on inside validation
+    except ConfigError as exc:
         raise KdtrError(f"{source}: bad model config: {exc}") from exc
 
 
-def _expected_entries(cfg: ModelConfig, header: dict, source: str) -> dict[str, tuple[str, tuple]]:
+def _expected_entries(cfg: ModelConfig, header: dict[str, TensorEntry], source: str) -> dict[str, tuple[str, tuple]]:
     """name -> (dtype, shape) of every tensor the file must hold. A str dimension is a length the file sets:
     "P" the prompt's, "T" the golden sequence's (the same in golden_tokens and golden_logits)."""
     num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
@@ -227,10 +196,10 @@ def _expected_entries(cfg: ModelConfig, header: dict, source: str) -> dict[str, 
     return expected
 
 
-def _check_entries(header: dict, expected: dict[str, tuple[str, tuple]], source: str) -> None:
+def _check_entries(header: dict[str, TensorEntry], expected: dict[str, tuple[str, tuple]], source: str) -> None:
     lengths: dict[str, int] = {}  # "P" / "T" -> the length the first tensor using it has
     for name, (dtype, shape) in expected.items():
-        got_dtype, got_shape = header[name]["dtype"], header[name]["shape"]
+        got_dtype, got_shape = header[name].dtype, list(header[name].shape)
         ok = got_dtype == dtype and len(got_shape) == len(shape)
         for want, got in zip(shape, got_shape, strict=False):
             ok = ok and got == (lengths.setdefault(want, got) if isinstance(want, str) else want)

@@ -64,7 +64,7 @@ class _Attention:
 class TargetModel:
     """Weights on one device and dtype, plus the forward over a block of nodes."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
         kernels.load()  # build or load the ops now, not inside the first (timed) prefill
         self.cfg = cfg
         self.device = weights["model.embed_tokens.weight"].device
@@ -73,16 +73,20 @@ class TargetModel:
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = weights[lm_head_name(cfg)]
         self.layers = [self._layer(weights, i) for i in range(cfg.num_hidden_layers)]
-        self.cos, self.sin, mscale = rope_tables(cfg, max_positions, self.device)  # [positions, P/2]
+        _, _, mscale = rope_tables(cfg, 1, self.device)
         self.scale = cfg.qk_head_dim ** -0.5 * mscale * mscale
 
+    def rope(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [num_positions, P/2] for positions 0..num_positions-1: a decode sizes them from what it needs
+        (engine/cache.py keeps them), never from max_position_embeddings, which a config may claim huge."""
+        cos, sin, _ = rope_tables(self.cfg, num_positions, self.device)
+        return cos, sin
+
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32",
-                        max_positions: int | None = None) -> TargetModel:
-        torch_dtype = DTYPES[dtype]
-        weights = {name: torch.from_numpy(arr).to(device=device, dtype=torch_dtype)
-                   for name, arr in ckpt.weights.items()}
-        return cls(ckpt.config, weights, max_positions or ckpt.config.max_position_embeddings)
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32") -> TargetModel:
+        """The model of ckpt on device in dtype. The weights arrive one at a time, already on the device in dtype
+        (ckpt.weights.tensors): a Hugging Face checkpoint goes from its files to the device without a host copy."""
+        return cls(ckpt.config, dict(ckpt.weights.tensors(device, DTYPES[dtype])))
 
     def _layer(self, w: dict[str, torch.Tensor], i: int) -> dict:
         cfg, p = self.cfg, f"model.layers.{i}"
@@ -128,7 +132,7 @@ class TargetModel:
         with timer.range("embed"):
             x = self.embed[tokens]  # [N, hidden]
             positions = cache.prefix_len + depths
-            cos, sin = self.cos[positions], self.sin[positions]  # [N, P/2]
+            cos, sin = cache.cos[positions], cache.sin[positions]  # [N, P/2]
         for i, layer in enumerate(self.layers):
             a = layer["attn"]
             with timer.range(f"layer{i}/attn"):

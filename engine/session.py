@@ -53,7 +53,7 @@ def continuation_of(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, 
         if len(known) >= n:
             return known[:n]
         if n not in memo:
-            room = model.cos.shape[0] - len(prompt) - cfg.block_size
+            room = model.cfg.max_position_embeddings - len(prompt) - cfg.block_size
             longer = dataclasses.replace(cfg, max_new_tokens=max(1, min(n, room)))
             memo[n] = ARDecoder(model, prompt, longer).run().tokens
         return memo[n]

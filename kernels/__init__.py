@@ -5,43 +5,34 @@ sees a GPU) with torch.utils.cpp_extension.load into a build directory named aft
 device kind and a hash of the sources and flags, so a second process reuses the build. Loading a second
 library that registers the `ddtree` namespace aborts the process, hence the single cached load.
 
-A build killed midway leaves torch's `<build_dir>/lock` behind and the next build would wait on it forever.
-Builders here serialise on an flock of `<build_dir>/lock.owner` and write their pid into it; a `lock` whose
-owner is dead (or, with no owner, older than the timeout) is stale and removed, and a live owner holding it
-longer than DDTREE_BUILD_LOCK_TIMEOUT seconds (default 600) is an ExtensionBuildError naming the file.
+The build directory's guards (the builders' lock, the library's record and its error-path check) are in
+kernels/build_guard.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import os
 import re
 import shutil
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-__all__ = ["ExtensionBuildError", "build_info", "build_lock", "check_error_path", "is_loaded", "load"]
+from .build_guard import ExtensionBuildError, build_lock, check_error_path, discard_unverified
+
+__all__ = ["ExtensionBuildError", "build_info", "build_lock", "check_error_path", "discard_unverified", "is_loaded",
+           "load"]
 
 CSRC = Path(__file__).parent / "csrc"
 EXTENSION_NAME = "ddtree_ops"
 DEFAULT_LOCK_TIMEOUT_S = 600.0
-_POLL_S = 0.2
 _OUTPUT_TAIL_LINES = 30
 _LOAD_LOCK = threading.Lock()
-
-
-class ExtensionBuildError(RuntimeError):
-    """The op library could not be built or loaded; the message names the cause and the fix."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,8 +80,9 @@ def _load_once() -> _Loaded:
             f"cannot create the build directory {plan.build_dir} ({e}); set DDTREE_BUILD_DIR to a writable directory"
         ) from e
     library = plan.build_dir / f"{EXTENSION_NAME}.so"
-    before = _mtime_ns(library)
     with build_lock(plan.build_dir, _lock_timeout_s()):
+        discard_unverified(library)
+        before = _mtime_ns(library)
         _build_and_load(plan)
         check_error_path(library)
     info = {
@@ -224,121 +216,6 @@ def _build_and_load(plan: BuildPlan) -> None:
             f"last lines of the compiler output:\n{tail}\n"
             "fix the error above in kernels/csrc, then load again"
         ) from e
-
-
-_ERROR_PROBE = """
-import sys, torch
-torch.ops.load_library(sys.argv[1])
-try:
-    torch.ops.ddtree.tree_build(torch.zeros(1, 1), torch.tensor(0), -1)
-except RuntimeError as e:
-    sys.exit(0 if "budget must be in" in str(e) else 3)
-sys.exit(4)
-"""
-
-
-def check_error_path(library: Path) -> None:
-    """An op raising an error must not take the process down. A g++ that links libstdc++ statically into the
-    library (seen with a wrapper g++ on a CUDA image) builds one that works until its first error message,
-    then crashes; a child process tries one error per build, and a marker file remembers that it passed."""
-    marker = library.with_name(library.name + ".errors-ok")
-    if _mtime_ns(marker) is not None and _mtime_ns(marker) >= (_mtime_ns(library) or 0):
-        return
-    result = subprocess.run([sys.executable, "-c", _ERROR_PROBE, str(library)], capture_output=True, text=True,
-                            timeout=600, check=False)
-    if result.returncode != 0:
-        cxx = os.environ.get("CXX") or "c++"
-        raise ExtensionBuildError(
-            f"the op library {library} fails when an op raises an error (probe exit {result.returncode}; "
-            f"{result.stderr.strip()[-300:]}): the C++ compiler {cxx!r} likely linked libstdc++ into it statically. "
-            f"Set CXX to a g++ that links libstdc++ dynamically (for example CXX=/usr/bin/g++), delete "
-            f"{library.parent} and load again"
-        )
-    marker.touch()
-
-
-@contextlib.contextmanager
-def build_lock(build_dir: Path, timeout_s: float) -> Iterator[None]:
-    """Hold the right to build in build_dir, clearing a stale torch `lock` first.
-
-    Builders serialise on an flock of `lock.owner` (the kernel drops it when a process dies) and write their
-    pid into it. Inside, torch's own `lock` is stale when that pid is dead, or when no pid was written and
-    the lock is older than timeout_s; a live holder past timeout_s raises ExtensionBuildError.
-    """
-    lock, owner = build_dir / "lock", build_dir / "lock.owner"
-    deadline = time.monotonic() + timeout_s
-    with open(owner, "a+") as f:
-        while not _try_flock(f):
-            if time.monotonic() > deadline:
-                raise _held_error(lock, owner, _read_pid(owner), timeout_s)
-            time.sleep(_POLL_S)
-        try:
-            _wait_for_torch_lock(lock, owner, deadline, timeout_s)
-            f.truncate(0)
-            f.write(str(os.getpid()))
-            f.flush()
-            yield
-        finally:
-            f.truncate(0)
-            f.flush()
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _wait_for_torch_lock(lock: Path, owner: Path, deadline: float, timeout_s: float) -> None:
-    while True:
-        now = time.monotonic()  # read before the age, so an ownerless lock ages out before the deadline passes
-        age = _age_s(lock)
-        if age is None:
-            return
-        pid = _read_pid(owner)
-        if (pid is not None and not _pid_alive(pid)) or (pid is None and age > timeout_s):
-            lock.unlink(missing_ok=True)  # left by a killed build
-            return
-        if now > deadline:
-            raise _held_error(lock, owner, pid, timeout_s)
-        time.sleep(_POLL_S)
-
-
-def _held_error(lock: Path, owner: Path, pid: int | None, timeout_s: float) -> ExtensionBuildError:
-    holder = f"process {pid}" if pid is not None else "a builder that left no pid"
-    return ExtensionBuildError(
-        f"the build lock {lock} has been held by {holder} (see {owner}) for more than {timeout_s:g} s; "
-        f"wait for that build to finish, or if no build is running delete {lock} and load again "
-        "(DDTREE_BUILD_LOCK_TIMEOUT sets how long to wait)"
-    )
-
-
-def _try_flock(f) -> bool:
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def _read_pid(owner: Path) -> int | None:
-    try:
-        text = owner.read_text().strip()
-    except FileNotFoundError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _age_s(path: Path) -> float | None:
-    try:
-        return time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return None
 
 
 def _mtime_ns(path: Path) -> int | None:

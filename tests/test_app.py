@@ -282,7 +282,7 @@ def test_a_path_loads_a_hugging_face_directory_and_a_bad_path_keeps_the_model(ti
     hf_fields = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
     config = tiny_checkpoint.config.to_dict() | hf_fields
     (hf_dir / "config.json").write_text(json.dumps(config))
-    save_file(tiny_checkpoint.weights, str(hf_dir / "model.safetensors"))
+    save_file(tiny_checkpoint.numpy_weights(), str(hf_dir / "model.safetensors"))
 
     at = start()
     at.sidebar.text_input(key="model_path").set_value(str(tmp_path / "missing")).run()

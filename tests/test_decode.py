@@ -164,7 +164,7 @@ def test_step_after_done_says_so(tiny):
 
 def test_nan_weights_give_a_clear_error(tiny):
     ckpt, _ = tiny
-    weights = dict(ckpt.weights)
+    weights = dict(ckpt.numpy_weights())
     weights["model.norm.weight"] = np.full_like(weights["model.norm.weight"], np.nan)
     model = TargetModel.from_checkpoint(Checkpoint(ckpt.config, weights, "nan"))
     with pytest.raises(DecodeError, match="non-finite logits"):
@@ -196,3 +196,26 @@ def test_greedy_equal_forgives_only_a_near_tie():
                 assert_greedy_equal(expected, logits, actual)
     with pytest.raises(AssertionError, match="5 tokens, expected 6"):
         assert_greedy_equal(expected, logits, expected[:5])
+
+
+def test_prompt_entries_must_be_integer_ids(tiny):
+    _, model = tiny
+    for bad in ([1.7, 5], ["5"], [True, 2], [np.float64(3.0)]):
+        with pytest.raises(DecodeError, match="not integer token ids"):
+            ARDecoder(model, bad, DecodeConfig())
+    assert ARDecoder(model, [np.int64(3), 4], DecodeConfig(max_new_tokens=2)).prompt == [3, 4]
+    for text in ("１,２,３", "١٢"):  # full-width and Arabic-Indic digits are not ASCII ids
+        with pytest.raises(DecodeError, match="not integers"):
+            parse_prompt(text, 512)
+
+
+def test_rope_tables_are_sized_by_the_run_not_by_the_config(tiny):
+    """A config may claim a huge context; a decode allocates only the positions it can reach."""
+    ckpt, _ = tiny
+    import dataclasses
+
+    huge = dataclasses.replace(ckpt, config=dataclasses.replace(ckpt.config, max_position_embeddings=10**8))
+    cfg = DecodeConfig(max_new_tokens=np.random.default_rng().integers(2, 30), block_size=6)
+    dec = ARDecoder(TargetModel.from_checkpoint(huge), ckpt.prompt.tolist(), cfg)
+    reach = len(ckpt.prompt) + cfg.max_new_tokens + cfg.block_size
+    assert dec.cache.cos.shape[0] == reach + 1 and dec.run().tokens == ckpt.golden_tokens.tolist()[: cfg.max_new_tokens]

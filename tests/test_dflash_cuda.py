@@ -37,11 +37,12 @@ def test_cuda_float32_first_draft_equals_the_reference(tiny_checkpoint, cuda_mod
     prompt = ckpt.prompt.tolist()
     dec = make_decoder(ckpt, prompt, DecodeConfig(block_size=8, device="cuda"), "ddtree", spec, model=cuda_model)
     draft = dec.drafter.propose(dec.root, dec.num_generated).cpu().numpy()
-    trace = reference.run_model(ckpt.config, ckpt.weights, prompt)
+    target = ckpt.numpy_weights()
+    trace = reference.run_model(ckpt.config, target, prompt)
     features = np.concatenate([trace.hidden[i] for i in cfg.target_layer_ids], axis=-1)
     weights = {n: t.numpy() for n, t in random_tensors(cfg, SEED).items()}
-    want = dflash_reference.draft_logprobs(cfg, weights, ckpt.weights["model.embed_tokens.weight"],
-                                           ckpt.weights["lm_head.weight"], features, dec.first_token)
+    want = dflash_reference.draft_logprobs(cfg, weights, target["model.embed_tokens.weight"],
+                                           target["lm_head.weight"], features, dec.first_token)
     assert np.abs(draft - want).max() < 1e-4
 
 

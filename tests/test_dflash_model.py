@@ -30,9 +30,9 @@ def tiny(tiny_checkpoint):
 
 
 def reference_draft(ckpt, cfg, tensors, context: np.ndarray, root: int, block_size: int) -> np.ndarray:
-    weights = {name: t.numpy() for name, t in tensors.items()}
-    return dflash_reference.draft_logprobs(cfg, weights, ckpt.weights["model.embed_tokens.weight"],
-                                           ckpt.weights["lm_head.weight"], context, root, block_size)
+    weights, target = {name: t.numpy() for name, t in tensors.items()}, ckpt.numpy_weights()
+    return dflash_reference.draft_logprobs(cfg, weights, target["model.embed_tokens.weight"],
+                                           target["lm_head.weight"], context, root, block_size)
 
 
 @pytest.mark.parametrize("rope", list(ROPES))
@@ -80,7 +80,7 @@ def test_every_step_of_a_decode_drafts_what_the_reference_drafts(tiny, tmp_path)
     dec.drafter.propose = lambda r, n: drafts.append(propose(r, n).clone()) or drafts[-1]
     run = dec.run()
     sequence = prompt + run.tokens
-    trace = reference.run_model(ckpt.config, ckpt.weights, sequence)
+    trace = reference.run_model(ckpt.config, ckpt.numpy_weights(), sequence)
     features = np.concatenate([trace.hidden[i] for i in cfg.target_layer_ids], axis=-1)  # [T, n * d]
     tensors = random_tensors(cfg, seed)
     num_generated = 1

@@ -56,7 +56,7 @@ def test_the_drafter_sees_the_target_hidden_states_of_the_prompt_and_of_every_ac
     probe = ProbeDrafter(ckpt.config.vocab_size, cfg.num_draft_positions, layers, random.randrange(1000))
     run = Decoder(model, prompt, cfg, "ddtree", probe).run()
     sequence = prompt + run.tokens
-    trace = reference.run_model(ckpt.config, ckpt.weights, sequence)
+    trace = reference.run_model(ckpt.config, ckpt.numpy_weights(), sequence)
     golden = np.concatenate([trace.hidden[i] for i in layers], axis=-1)  # [T, 2 * hidden]
     seen_prompt, seen_hidden = probe.begun
     assert seen_prompt == prompt

@@ -28,7 +28,8 @@ from engine.__main__ import main as cli_main
 from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
-from engine.hf import ARCHITECTURE, HF_DEFAULTS, HFLoadError, config_from_hf, read_hf_dir
+from engine.hf import HFLoadError, read_hf_dir
+from engine.hf_config import ARCHITECTURE, HF_DEFAULTS, config_from_hf
 from engine.kdtr import read_kdtr, write_kdtr
 from engine.loading import ModelLoadError, load_model
 from engine.session import decode
@@ -140,7 +141,7 @@ def test_config_maps_every_field(saved):
 
 def test_reference_matches_transformers_float64(saved, monkeypatch):
     tokens = saved.prompt + np.random.default_rng(saved.seed + 1).integers(0, BASE["vocab_size"], 8).tolist()
-    ours = reference.forward_logits(saved.ckpt.config, saved.ckpt.weights, tokens)  # [T, V]
+    ours = reference.forward_logits(saved.ckpt.config, saved.ckpt.numpy_weights(), tokens)  # [T, V]
     with torch.no_grad():
         theirs = transformers_float64(monkeypatch, saved.path)(torch.tensor([tokens])).logits[0].numpy()
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-9)
@@ -209,9 +210,10 @@ def copy_of(small: Saved, tmp_path: Path) -> Path:
 
 def assert_same_weights(a: Checkpoint, b: Checkpoint) -> None:
     assert a.config == b.config
-    assert list(a.weights) == list(b.weights)
-    for name in a.weights:
-        np.testing.assert_array_equal(a.weights[name], b.weights[name], err_msg=name)
+    assert a.weights.names() == b.weights.names()
+    theirs = b.numpy_weights()
+    for name, ours in a.numpy_weights().items():
+        np.testing.assert_array_equal(ours, theirs[name], err_msg=name)
 
 
 def test_sharded_save_loads_the_same(small, tmp_path):
@@ -228,14 +230,20 @@ def test_fused_experts_load_the_same(small, tmp_path):
     assert_same_weights(read_hf_dir(path), small.ckpt)
 
 
-def test_bfloat16_checkpoint_loads_as_float32(small, tmp_path):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_checkpoints_stay_in_their_dtype(small, tmp_path, dtype):
     path = copy_of(small, tmp_path)
-    state = load_file(path / "model.safetensors")
-    save_file({k: v.bfloat16() for k, v in state.items()}, path / "model.safetensors")
+    state = {k: v.to(dtype) for k, v in load_file(path / "model.safetensors").items()}
+    save_file(state, path / "model.safetensors")
     ckpt = read_hf_dir(path)
+    loaded = dict(ckpt.weights.tensors("cpu", dtype))
+    assert sorted(loaded) == sorted(ckpt.weights.names())
+    for name, tensor in loaded.items():  # the stored bits, not a round trip through another dtype
+        assert tensor.dtype == dtype and torch.equal(tensor.view(torch.int16), state[name].view(torch.int16)), name
+    arrays = ckpt.numpy_weights()
     name = "model.layers.0.self_attn.kv_b_proj.weight"
-    assert ckpt.weights[name].dtype == np.float32
-    np.testing.assert_array_equal(ckpt.weights[name], state[name].bfloat16().float().numpy())
+    assert arrays[name].dtype == np.float32
+    np.testing.assert_array_equal(arrays[name], state[name].float().numpy())
 
 
 def test_released_config_layout_loads_the_same(small, tmp_path):
@@ -284,7 +292,7 @@ def test_tied_checkpoint_with_lm_head_warns(tmp_path):
     save_file({**state, "lm_head.weight": torch.randn(96, 48)}, tmp_path / "model.safetensors")
     with pytest.warns(UserWarning, match="ignoring lm_head.weight"):
         ckpt = read_hf_dir(tmp_path)
-    assert "lm_head.weight" not in ckpt.weights
+    assert "lm_head.weight" not in ckpt.weights.names()
 
 
 # ---------------------------------------------------------------------------- what we reject
@@ -323,9 +331,9 @@ def index_with_missing_shard(path: Path) -> None:
 REJECTED = [
     ("no_config", lambda p: (p / "config.json").unlink(), "no config.json"),
     ("bad_json", lambda p: (p / "config.json").write_text("{"), "not valid JSON"),
-    ("architecture", edit_config(architectures=["LlamaForCausalLM"]), "only DeepseekV3ForCausalLM"),
+    ("architecture", edit_config(architectures=["LlamaForCausalLM"]), "a list holding 'DeepseekV3ForCausalLM'"),
     ("model_type", edit_config(model_type="llama"), "model_type='llama'"),
-    ("quantized_config", edit_config(quantization_config={"quant_method": "fp8", "fmt": "e4m3"}), "dequantize"),
+    ("quantized_config", edit_config(quantization_config={"quant_method": "gptq", "bits": 4}), "dequantize"),
     ("fp8_tensor", edit_tensors(lambda s: s.update({"model.norm.weight": s["model.norm.weight"].to(
         torch.float8_e4m3fn)})), "model.norm.weight has dtype F8_E4M3"),
     ("int8_tensor", edit_tensors(lambda s: s.update({"lm_head.weight": s["lm_head.weight"].to(torch.int8)})),
@@ -341,13 +349,14 @@ REJECTED = [
                                                            torch.zeros(8, 16, 48)})), r"shape \(8, 16, 48\)"),
     ("no_weights", lambda p: (p / "model.safetensors").unlink(), "found no .safetensors file"),
     ("shards_without_index", move_to_shards, "but no model.safetensors.index.json"),
-    ("index_missing_shard", index_with_missing_shard, "model-00002-of-00002.safetensors, which is missing"),
+    ("index_missing_shard", index_with_missing_shard, "model-00002-of-00002.safetensors: the shard named by "
+                                                      "model.safetensors.index.json is missing"),
     ("rope_linear", edit_config(rope_parameters={"rope_type": "linear", "factor": 2.0}), "RoPE type 'linear'"),
     ("rope_theta_conflict", edit_config(rope_theta=5000.0), "rope_theta=5000.0 but the RoPE dict says"),
     ("rope_both_layouts", edit_config(rope_scaling={"type": "yarn", "factor": 2.0}), "disagree"),
-    ("yarn_without_factor", edit_config(rope_parameters={"rope_type": "yarn"}), "needs a numeric 'factor'"),
+    ("yarn_without_factor", edit_config(rope_parameters={"rope_type": "yarn"}), "rope_scaling needs 'factor'"),
     ("yarn_unknown_key", edit_config(rope_parameters={"rope_type": "yarn", "factor": 2.0, "low_freq_factor": 1}),
-     r"unknown YaRN key\(s\) \['low_freq_factor'\]"),
+     r"rope_scaling has unknown key\(s\) \['low_freq_factor'\]"),
     ("gelu", edit_config(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
     ("attention_bias", edit_config(attention_bias=True), "attention_bias=True is not supported"),
     ("bad_field", edit_config(num_experts_per_tok=9), "num_experts_per_tok=9"),

@@ -55,7 +55,7 @@ def small() -> Checkpoint:
 
 
 def _copy(ckpt: Checkpoint, **changes) -> Checkpoint:
-    return dataclasses.replace(ckpt, weights=dict(ckpt.weights), **changes)
+    return dataclasses.replace(ckpt, weights=dict(ckpt.numpy_weights()), **changes)
 
 
 def _split(data: bytes) -> tuple[dict, bytes]:
@@ -82,10 +82,11 @@ def test_round_trip(tmp_path, seed, golden):
     write_kdtr(path, ckpt)
     back = read_kdtr(path)
     assert back.config == ckpt.config and back.source == str(path)
-    assert list(back.weights) == list(ckpt.weights)
-    for name, w in ckpt.weights.items():
-        assert back.weights[name].dtype == np.float32 and back.weights[name].flags.writeable
-        np.testing.assert_array_equal(back.weights[name], w)
+    assert back.weights.names() == ckpt.weights.names()
+    arrays = back.numpy_weights()
+    for name, w in ckpt.numpy_weights().items():
+        assert arrays[name].dtype == np.float32 and arrays[name].flags.writeable
+        np.testing.assert_array_equal(arrays[name], w)
     np.testing.assert_array_equal(back.prompt, ckpt.prompt)
     assert back.has_golden == golden
     if golden:
@@ -101,13 +102,13 @@ def test_files_are_plain_safetensors_and_deterministic(tmp_path, small):
     loaded = safetensors.numpy.load_file(tmp_path / "a.kdtr")
     np.testing.assert_array_equal(loaded["prompt"], small.prompt)
     header, _ = _split((tmp_path / "a.kdtr").read_bytes())
-    assert header["__metadata__"]["format"] == "kdtr" and header["__metadata__"]["version"] == "1"
+    assert header["__metadata__"]["format"] == "kdtr" and header["__metadata__"]["version"] == "2"
     assert ModelConfig.from_json(header["__metadata__"]["config"]) == small.config
 
 
 def test_write_refuses_an_invalid_checkpoint_and_leaves_nothing(tmp_path, small):
     bad = _copy(small)
-    bad.weights["model.norm.weight"] = np.full_like(small.weights["model.norm.weight"], np.nan)
+    bad.numpy_weights()["model.norm.weight"] = np.full_like(small.numpy_weights()["model.norm.weight"], np.nan)
     with pytest.raises(KdtrError, match=r"refusing to write.*'model.norm.weight'.*NaN"):
         write_kdtr(tmp_path / "m.kdtr", bad)
     with pytest.raises(KdtrError, match="no prompt"):
@@ -165,13 +166,14 @@ def _same_span_as(header, name, other):
 
 HEADER_ERRORS = {
     "wrong format": (_set_meta("format", "gguf"), "format is 'gguf', expected 'kdtr'"),
-    "wrong version": (_set_meta("version", "2"), r"version '2' is not supported.*\['1'\]"),
+    "wrong version": (_set_meta("version", "3"), r"version '3' is not supported.*\['1', '2'\]"),
     "no metadata": (lambda h: h.pop("__metadata__"), "no __metadata__"),
     "config not JSON": (_set_meta("config", "{vocab"), "bad model config: .*not valid JSON"),
     "config out of range": (_set_config("vocab_size", 0), "bad model config: vocab_size=0 is out of range"),
     "config unknown field": (_set_config("rope_typo", 1), r"bad model config: unknown .*rope_typo"),
     "config type": (_set_config("rope_scaling", [1]), "bad model config"),
-    "config huge": (_set_config("num_hidden_layers", 10**9), "asks for 1000000000 layers"),
+    "config absurd": (_set_config("num_hidden_layers", 10**9), r"num_hidden_layers=1000000000 .*\[1, 1024\]"),
+    "config larger than the file": (_set_config("num_hidden_layers", 1000), "asks for 1000 layers .* only"),
     "dtype unknown": (lambda h: h["prompt"].__setitem__("dtype", "F16"), "'prompt': dtype 'F16' is not one"),
     "entry fields": (lambda h: h["prompt"].pop("shape"), "'prompt': header entry must be"),
     "shape not ints": (lambda h: h["prompt"].__setitem__("shape", [2.5]), "'prompt': shape must be"),
@@ -180,7 +182,9 @@ HEADER_ERRORS = {
     "offsets size": (lambda h: h["prompt"].__setitem__("shape", [1000]), r"'prompt': data_offsets .* needs 8000"),
     "offsets overlap": (lambda h: _same_span_as(h, "model.norm.weight", "model.layers.0.input_layernorm.weight"),
                         "overlaps the previous tensor"),
-    "metadata not strings": (_set_meta("note", 5), "safetensors could not load"),
+    "metadata not strings": (_set_meta("note", 5), "__metadata__ must be an object of strings"),
+    "no checksum": (lambda h: h["__metadata__"].pop("data_sha256"), "no data_sha256 string"),
+    "checksum of other data": (_set_meta("data_sha256", "0" * 64), "does not match its checksum"),
 }
 
 
@@ -193,8 +197,9 @@ def test_header_errors(tmp_path, small, case):
 
 def test_header_not_json_or_not_an_object(tmp_path, small):
     _, body = _split(encode_kdtr(small))
-    for text, message in ((b"{not json", "not valid UTF-8 JSON"), (b"\xff\xfe{}", "not valid UTF-8 JSON"),
-                          (b"[1, 2]", "must be a JSON object"), (b'{"a": 1, "a": 2}', r"duplicate key\(s\) \['a'\]")):
+    for text, message in ((b"{not json", "header is not valid JSON"), (b"\xff\xfe{}", "header is not UTF-8 text"),
+                          (b"[1, 2]", "must be a JSON object"), (b'{"a": 1, "a": 2}', r"duplicate key\(s\) \['a'\]"),
+                          (b"[" * 100_000, "nested too deeply")):
         with pytest.raises(KdtrError, match=message):
             read_kdtr(_write(tmp_path, struct.pack("<Q", len(text)) + text + body))
     with pytest.raises(KdtrError, match="header length prefix says"):
@@ -209,12 +214,32 @@ def test_wrong_dtype_with_the_right_size(tmp_path, small):
         read_kdtr(_write(tmp_path, _edit_header(small, edit)))
 
 
+def test_a_flipped_weight_byte_fails_the_checksum(tmp_path, small):
+    data = bytearray(encode_kdtr(small))
+    header, body = _split(bytes(data))
+    begin, _ = header["model.layers.0.self_attn.kv_b_proj.weight"]["data_offsets"]
+    data[len(data) - len(body) + begin + 5] ^= 0x01  # the value stays finite and plausible: only the digest sees it
+    with pytest.raises(KdtrError, match=r"model.kdtr: the data section does not match its checksum.*corrupt"):
+        read_kdtr(_write(tmp_path, bytes(data)))
+
+
+def test_a_version_1_file_loads_and_says_it_has_no_checksum(tmp_path, small):
+    def as_version_1(h):
+        del h["__metadata__"]["data_sha256"]
+        h["__metadata__"]["version"] = "1"
+    path = _write(tmp_path, _edit_header(small, as_version_1))
+    with pytest.warns(UserWarning, match="version-1 .kdtr: it carries no checksum"):
+        back = read_kdtr(path)
+    for name, w in small.numpy_weights().items():
+        np.testing.assert_array_equal(back.numpy_weights()[name], w)
+
+
 def _with_weight(small, name, value):
     ckpt = _copy(small)
     if value is None:
-        del ckpt.weights[name]
+        del ckpt.numpy_weights()[name]
     else:
-        ckpt.weights[name] = value
+        ckpt.numpy_weights()[name] = value
     return ckpt
 
 
@@ -230,8 +255,8 @@ CHECKPOINT_ERRORS = {
                           r"unexpected tensor\(s\) \['extra.weight'\]"),
     "wrong shape": (lambda s: _with_weight(s, "model.norm.weight", np.ones(17, np.float32)),
                     r"'model.norm.weight': expected F32 \[16\], got F32 \[17\]"),
-    "NaN": (lambda s: _with_weight(s, "model.embed_tokens.weight", _nan_at(s.weights["model.embed_tokens.weight"], 5,
-                                                                           np.nan)),
+    "NaN": (lambda s: _with_weight(s, "model.embed_tokens.weight",
+                                   _nan_at(s.numpy_weights()["model.embed_tokens.weight"], 5, np.nan)),
             r"'model.embed_tokens.weight' holds NaN/Inf \(first at index \(0, 5\)\)"),
     "Inf": (lambda s: _copy(s, golden_logits=_nan_at(s.golden_logits, 0, np.inf)), "'golden_logits' holds NaN/Inf"),
     "prompt out of range": (lambda s: _copy(s, prompt=np.array([1, s.config.vocab_size])),
@@ -369,4 +394,4 @@ def test_fuzz_every_corrupt_file_loads_or_raises_kdtr_error(tmp_path_factory, da
         ckpt = read_kdtr(path)
     except KdtrError:
         return
-    assert {n: w.shape for n, w in ckpt.weights.items()} == weight_shapes(ckpt.config)  # a load is a valid model
+    assert {n: w.shape for n, w in ckpt.numpy_weights().items()} == weight_shapes(ckpt.config)  # a valid model

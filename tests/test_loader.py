@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
@@ -17,7 +19,7 @@ import torch
 import torch.utils.cpp_extension
 
 import kernels
-from kernels import ExtensionBuildError, build_lock
+from kernels import ExtensionBuildError, build_guard, build_lock
 
 REPO = Path(__file__).resolve().parents[1]
 PRINT_BUILD_INFO = "import json, kernels; kernels.load(); print(json.dumps(kernels.build_info()))"
@@ -42,6 +44,36 @@ def live_pid():
     yield proc.pid
     proc.kill()
     proc.wait()
+
+
+_HOLD_FLOCK = """
+import fcntl, os, sys, time
+with open(sys.argv[1], "a+") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def live_builder():
+    """Start a process that holds build_dir's flock as a builder does; returns its pid."""
+    procs = []
+
+    def start(build_dir: Path) -> int:
+        proc = subprocess.Popen([sys.executable, "-c", _HOLD_FLOCK, str(build_dir / "lock.owner")],
+                                stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "holding"
+        return proc.pid
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -94,20 +126,33 @@ def test_old_lock_without_owner_is_cleared(tmp_path):
     assert time.monotonic() - start < 5.0
 
 
-def test_fresh_lock_without_owner_is_cleared_after_the_timeout(tmp_path):
+def test_a_fresh_lock_without_owner_is_cleared_at_once(tmp_path):
     lock = tmp_path / "lock"
     lock.touch()
     start = time.monotonic()
-    with build_lock(tmp_path, timeout_s=0.6):
+    with build_lock(tmp_path, timeout_s=600.0):
         assert not lock.exists()
-    assert time.monotonic() - start >= 0.5
+    assert time.monotonic() - start < 5.0
 
 
-def test_lock_held_by_a_live_builder_times_out_naming_the_file(tmp_path, live_pid):
+def test_a_lock_whose_owner_names_a_live_unrelated_process_is_cleared_at_once(tmp_path, live_pid):
+    """A builder's pid can be reused by any process after it dies: holding the flock proves no builder is alive
+    (the loader once waited out its full timeout here, 600 s by default)."""
     lock = tmp_path / "lock"
     lock.touch()
     (tmp_path / "lock.owner").write_text(str(live_pid))
-    with pytest.raises(ExtensionBuildError, match=rf"{re.escape(str(lock))}.*process {live_pid}.*delete"):
+    start = time.monotonic()
+    with build_lock(tmp_path, timeout_s=3.0):
+        assert not lock.exists()
+        assert (tmp_path / "lock.owner").read_text() == str(os.getpid())
+    assert time.monotonic() - start < 2.0
+
+
+def test_lock_held_by_a_live_builder_times_out_naming_the_file(tmp_path, live_builder):
+    lock = tmp_path / "lock"
+    lock.touch()
+    pid = live_builder(tmp_path)
+    with pytest.raises(ExtensionBuildError, match=rf"{re.escape(str(lock))}.*process {pid}.*stop that process"):
         with build_lock(tmp_path, timeout_s=0.5):
             pass
     assert lock.exists()  # a live builder's lock is never removed
@@ -144,13 +189,56 @@ def test_load_clears_a_stale_lock_and_proceeds(built_dir, tmp_path):
     assert not (build_dir / "lock").exists()
 
 
-def test_load_with_a_live_held_lock_fails_naming_the_file(tmp_path, live_pid):
+def test_load_with_a_live_held_lock_fails_naming_the_file(tmp_path, live_builder):
     (tmp_path / "lock").touch()
-    (tmp_path / "lock.owner").write_text(str(live_pid))
+    pid = live_builder(tmp_path)
     result = _python(PRINT_BUILD_INFO, DDTREE_BUILD_DIR=str(tmp_path), DDTREE_BUILD_LOCK_TIMEOUT="1")
     assert result.returncode != 0
     lock = tmp_path / "lock"
-    assert f"ExtensionBuildError: the build lock {lock} has been held by process {live_pid}" in result.stderr
+    assert f"ExtensionBuildError: the build lock {lock} has been held by process {pid}" in result.stderr
+
+
+def test_a_truncated_library_is_linked_again_not_loaded(built_dir, tmp_path):
+    """A library cut short (a full disk, a killed copy) would be a SIGBUS when loaded: its size and digest no
+    longer match the record written when it passed its check, so the load deletes it and ninja links it again."""
+    build_dir = tmp_path / "build"
+    shutil.copytree(built_dir, build_dir, ignore=shutil.ignore_patterns("lock", "lock.owner"))
+    library = build_dir / "ddtree_ops.so"
+    intact = library.read_bytes()
+    assert json.loads((build_dir / "ddtree_ops.so.verified").read_text())["size"] == len(intact)
+    with open(library, "r+b") as f:
+        f.truncate(len(intact) // 2)
+    result = _python(PRINT_BUILD_INFO, DDTREE_BUILD_DIR=str(build_dir))
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-2000:]}"
+    assert json.loads(result.stdout.splitlines()[-1])["cold_build"] is True
+    record = json.loads((build_dir / "ddtree_ops.so.verified").read_text())
+    assert record == {"size": library.stat().st_size, "sha256": hashlib.sha256(library.read_bytes()).hexdigest()}
+
+
+def test_an_unwritable_build_directory_says_to_set_ddtree_build_dir(tmp_path, monkeypatch):
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(build_guard, "open", read_only, raising=False)
+    with pytest.raises(ExtensionBuildError, match=rf"cannot write in the build directory {re.escape(str(tmp_path))} "
+                                                  r"\(Read-only file system.*set DDTREE_BUILD_DIR"):
+        with build_lock(tmp_path, timeout_s=1.0):
+            pass
+
+
+def test_a_build_directory_on_a_read_only_filesystem_is_a_clear_error(built_dir, tmp_path):
+    """The real thing where unprivileged mount namespaces are allowed: the build directory bind-mounted read-only."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("needs unshare -rm (an unprivileged user and mount namespace) to mount a read-only directory")
+    build_dir = tmp_path / "build"
+    shutil.copytree(built_dir, build_dir, ignore=shutil.ignore_patterns("lock", "lock.owner"))
+    mount = f"mount --bind {build_dir} {build_dir} && mount -o remount,bind,ro {build_dir}"
+    result = subprocess.run(["unshare", "-rm", "sh", "-c", f'{mount} && exec "$0" -c "$1"', sys.executable,
+                             PRINT_BUILD_INFO], cwd=REPO, env=os.environ | {"DDTREE_BUILD_DIR": str(build_dir)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert (f"ExtensionBuildError: cannot write in the build directory {build_dir} (Read-only file system"
+            in result.stderr and "set DDTREE_BUILD_DIR" in result.stderr)
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path):
@@ -250,20 +338,17 @@ def test_bad_lock_timeout_is_a_clear_error(monkeypatch):
 
 
 def test_error_path_probe_passes_on_the_built_library():
-    import kernels
-
     library = Path(kernels.build_info()["library"])
-    marker = library.with_name(library.name + ".errors-ok")
-    marker.unlink(missing_ok=True)
+    record = library.with_name(library.name + ".verified")
+    record.unlink(missing_ok=True)
     kernels.check_error_path(library)
-    assert marker.exists(), "a passing probe leaves its marker"
+    assert json.loads(record.read_text()) == {"size": library.stat().st_size,
+                                              "sha256": hashlib.sha256(library.read_bytes()).hexdigest()}
 
 
 def test_error_path_probe_names_the_fix_when_errors_crash(tmp_path):
-    import kernels
-
     broken = tmp_path / "ddtree_ops.so"
     broken.write_bytes(b"not a shared library")
     with pytest.raises(kernels.ExtensionBuildError, match=r"CXX=/usr/bin/g\+\+"):
         kernels.check_error_path(broken)
-    assert not (tmp_path / "ddtree_ops.so.errors-ok").exists()
+    assert not (tmp_path / "ddtree_ops.so.verified").exists()

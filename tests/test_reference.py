@@ -258,7 +258,7 @@ def test_fixture_regenerates_byte_identical():
 
 def test_fixture_is_a_useful_test_model(tiny_checkpoint):
     ckpt = tiny_checkpoint
-    assert set(ckpt.weights) == set(weight_shapes(ckpt.config))
+    assert set(ckpt.weights.names()) == set(weight_shapes(ckpt.config))
     logits = ckpt.golden_logits.astype(np.float64)
     top2 = np.sort(logits, axis=1)[:, -2:]
     assert logits.std(axis=1).min() > 1.0  # peaked, not flat

@@ -8,14 +8,29 @@ target_layer_ids, which z-lab derives from the depths when it is missing (build_
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ConfigError
-from ..hf import HFLoadError
-from ..hf import _rope as hf_rope_settings  # the one parser of transformers' RoPE keys (rope_scaling / rope_parameters)
+# The target's config checks, reused: the same limits and the same YaRN rules hold for the drafter.
+from ..config import (
+    MAX_BLOCK_SIZE,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_ROPE_THETA,
+    MAX_VOCAB_SIZE,
+    MAX_WIDTH,
+    MIN_BLOCK_SIZE,
+    ConfigError,
+    _as_float,
+    _as_int,
+    _check,
+    _yarn,
+)
+from ..hf_config import HFLoadError
+from ..hf_config import _rope as hf_rope_settings  # the one parser of transformers' RoPE keys
 
 ARCHITECTURE = "DFlashDraftModel"
 MODEL_TYPE = "qwen3"
@@ -49,17 +64,20 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
-def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
-    if not cond:
-        raise ConfigError(f"{name}={value!r} is out of range: expected {allowed}")
-
-
-def _is_int(value: Any, lo: int, hi: int | None = None) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+# name -> (min, max): the limits ModelConfig holds a target to, for the drafter's fields
+_INT_FIELDS = {
+    "hidden_size": (1, MAX_WIDTH), "intermediate_size": (1, MAX_WIDTH), "num_hidden_layers": (1, MAX_LAYERS),
+    "num_attention_heads": (1, MAX_HEADS), "num_key_value_heads": (1, MAX_HEADS), "head_dim": (2, MAX_HEAD_DIM),
+    "vocab_size": (1, MAX_VOCAB_SIZE), "block_size": (MIN_BLOCK_SIZE, MAX_BLOCK_SIZE),
+    "num_target_layers": (1, MAX_LAYERS), "max_position_embeddings": (1, MAX_POSITIONS),
+}
 
 
 @dataclass(slots=True, frozen=True)
 class DFlashConfig:
+    """The drafter's shape and numerics, every field checked once for its type and range (numbers stored as plain
+    ints and floats, target_layer_ids as a tuple, rope_scaling as a checked copy)."""
+
     hidden_size: int  # d: the target's hidden size (the drafter embeds with the target's embedding)
     intermediate_size: int
     num_hidden_layers: int  # draft layers
@@ -77,33 +95,26 @@ class DFlashConfig:
     max_position_embeddings: int = 32768
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "vocab_size", "num_target_layers", "max_position_embeddings"):
-            value = getattr(self, name)
-            _check(_is_int(value, 1), name, value, "an integer >= 1")
-        _check(_is_int(self.head_dim, 2) and self.head_dim % 2 == 0, "head_dim", self.head_dim,
-               "an even integer >= 2 (RoPE rotates pairs of dims)")
+        for name, (lo, hi) in _INT_FIELDS.items():
+            self._set(name, _as_int(name, getattr(self, name), lo, hi))
+        _check(self.head_dim % 2 == 0, "head_dim", self.head_dim, "an even integer (RoPE rotates pairs of dims)")
         _check(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                self.num_key_value_heads, f"a divisor of num_attention_heads={self.num_attention_heads}")
-        _check(_is_int(self.block_size, MIN_BLOCK_SIZE, MAX_BLOCK_SIZE), "block_size", self.block_size,
-               f"an integer in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}] (the engine's block sizes)")
-        _check(_is_int(self.mask_token_id, 0, self.vocab_size - 1), "dflash_config.mask_token_id",
-               self.mask_token_id, f"a token id in [0, {self.vocab_size}) (vocab_size)")
+        self._set("mask_token_id", _as_int("dflash_config.mask_token_id", self.mask_token_id, 0,
+                                           self.vocab_size - 1))
         ids = self.target_layer_ids
-        ok_ids = isinstance(ids, tuple) and ids and all(_is_int(i, 0, self.num_target_layers - 1) for i in ids)
-        _check(ok_ids and len(set(ids)) == len(ids), "dflash_config.target_layer_ids", ids,
-               f"distinct layer indices in [0, {self.num_target_layers}) (num_target_layers), at least one")
-        for name in ("rms_norm_eps", "rope_theta"):
-            value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
-            _check(ok, name, value, "a finite number > 0")
-        rs = self.rope_scaling
-        _check(rs is None or isinstance(rs, dict), "rope_scaling", rs, "null or an object")
-        if rs is not None:
-            _check(rs.get("type") == "yarn", "rope_scaling.type", rs.get("type"), "'yarn' or no rope_scaling")
-            factor, orig = rs.get("factor"), rs.get("original_max_position_embeddings")
-            _check(isinstance(factor, (int, float)) and factor >= 1, "rope_scaling.factor", factor, "a number >= 1")
-            _check(_is_int(orig, 1), "rope_scaling.original_max_position_embeddings", orig, "an integer >= 1")
+        allowed = f"distinct layer indices in [0, {self.num_target_layers}) (num_target_layers), at least one"
+        _check(isinstance(ids, (tuple, list)) and len(ids) > 0, "dflash_config.target_layer_ids", ids, allowed)
+        ids = tuple(_as_int("dflash_config.target_layer_ids", i, 0, self.num_target_layers - 1) for i in ids)
+        _check(len(set(ids)) == len(ids), "dflash_config.target_layer_ids", ids, allowed)
+        self._set("target_layer_ids", ids)
+        self._set("rms_norm_eps", _as_float("rms_norm_eps", self.rms_norm_eps, ("(", 0.0, 1.0, ")")))
+        self._set("rope_theta", _as_float("rope_theta", self.rope_theta, ("(", 1.0, MAX_ROPE_THETA, "]")))
+        if self.rope_scaling is not None:
+            self._set("rope_scaling", _yarn(self.rope_scaling))
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # frozen: only __post_init__ normalises a field
 
     @property
     def num_context_features(self) -> int:
@@ -160,8 +171,7 @@ def config_from_json(data: Any, where: str) -> DFlashConfig:
     if ids is None:
         ids = build_target_layer_ids(data["num_target_layers"], data["num_hidden_layers"])
     try:
-        return DFlashConfig(**fields, mask_token_id=dflash["mask_token_id"],
-                            target_layer_ids=tuple(ids) if isinstance(ids, list) else ids,
+        return DFlashConfig(**fields, mask_token_id=dflash["mask_token_id"], target_layer_ids=ids,
                             rope_theta=theta, rope_scaling=scaling)
     except ConfigError as exc:
         raise DFlashLoadError(f"{where}: {exc}; fix that field in config.json") from exc
