@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import warnings
 
 import pytest
 import torch
@@ -205,3 +206,27 @@ def test_the_drafter_beside_a_target_is_found_by_the_convention(tmp_path, layout
     make_dflash_dir(tmp_path / "Kimi-dflash2", layout)
     make_dflash_dir(hf / "dflash", layout)
     assert dflash_dir_beside(hf) == hf / "dflash"
+
+
+def test_junk_in_any_config_field_is_a_load_error_never_a_crash(layout):
+    """Every field of config.json (and of dflash_config and rope_scaling) replaced by values of the wrong type or
+    range: the mapping raises DFlashLoadError (or accepts a value that is still valid), nothing else."""
+    rng = random.Random()
+    junk = [None, True, 0, -1, 2**70, 1.5, float("nan"), "7", [], [1, "x"], {}, {"type": "yarn"}, [[0]]]
+    base = config_to_json(layout) | {"rope_scaling": {"type": "yarn", "factor": 2.0,
+                                                      "original_max_position_embeddings": 64}}
+    paths = [(k,) for k in base] + [("dflash_config", k) for k in base["dflash_config"]] + [
+        ("rope_scaling", k) for k in base["rope_scaling"]]
+    for _ in range(400):
+        data = json.loads(json.dumps(base))
+        *parents, key = rng.choice(paths)
+        holder = data
+        for p in parents:
+            holder = holder[p]
+        holder[key] = rng.choice(junk)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                config_from_json(data, "config.json")
+        except DFlashLoadError as exc:
+            assert "config.json" in str(exc)

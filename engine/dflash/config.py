@@ -129,22 +129,24 @@ def config_from_json(data: Any, where: str) -> DFlashConfig:
     """Map z-lab's config.json (already parsed) to a DFlashConfig; DFlashLoadError names what is wrong."""
     if not isinstance(data, dict):
         raise DFlashLoadError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    archs = data.get("architectures") or []
-    if ARCHITECTURE not in archs:
-        raise DFlashLoadError(f"{where}: architectures={archs!r}; a DFlash drafter is {ARCHITECTURE!r} "
-                              "(z-lab/dflash). Pass the drafter's directory, not the target's")
+    archs = data.get("architectures")
+    if not isinstance(archs, list) or ARCHITECTURE not in archs:
+        raise DFlashLoadError(f"{where}: architectures={archs!r:.200}; a DFlash drafter's list holds "
+                              f"{ARCHITECTURE!r} (z-lab/dflash). Pass the drafter's directory, not the target's")
     if data.get("model_type") != MODEL_TYPE:
-        raise DFlashLoadError(f"{where}: model_type={data.get('model_type')!r}; DFlash drafters are "
+        raise DFlashLoadError(f"{where}: model_type={data.get('model_type')!r:.80}; DFlash drafters are "
                               f"{MODEL_TYPE!r} (Qwen3 decoder layers)")
     if data.get("quantization_config"):
         raise DFlashLoadError(f"{where}: the drafter is quantized (quantization_config); dequantize it to "
                               "bfloat16/float32 safetensors first and drop quantization_config")
     for key, value in FIXED_KEYS.items():
-        if data.get(key, value) != value:
-            raise DFlashLoadError(f"{where}: {key}={data[key]!r} is not supported; only {value!r}")
+        given = data.get(key, value)
+        if given != value or isinstance(given, bool) != isinstance(value, bool):  # 0 is not false here
+            raise DFlashLoadError(f"{where}: {key}={given!r:.80} is not supported; only {value!r}")
     layer_types = data.get("layer_types") or []
-    if any(t != "full_attention" for t in layer_types):
-        raise DFlashLoadError(f"{where}: layer_types={layer_types!r}; only full_attention layers are supported")
+    if not isinstance(layer_types, list) or any(t != "full_attention" for t in layer_types):
+        raise DFlashLoadError(f"{where}: layer_types={layer_types!r:.200}; only full_attention layers are "
+                              "supported")
     missing = [k for k in REQUIRED if k not in data]
     dflash = data.get("dflash_config")
     if not isinstance(dflash, dict) or "mask_token_id" not in dflash:
@@ -156,7 +158,7 @@ def config_from_json(data: Any, where: str) -> DFlashConfig:
                      - {"quantization_config"})
     unknown += sorted(f"dflash_config.{k}" for k in set(dflash) - {"mask_token_id", "target_layer_ids"})
     if unknown:
-        warnings.warn(f"{where}: ignoring config key(s) {unknown} (not used by the DFlash forward pass)",
+        warnings.warn(f"{where}: ignoring config key(s) {unknown[:20]} (not used by the DFlash forward pass)",
                       stacklevel=3)
     _check_rope_type(data, where)
     try:  # a YaRN original_max_position_embeddings falls back to Qwen3's max_position_embeddings default
@@ -168,8 +170,9 @@ def config_from_json(data: Any, where: str) -> DFlashConfig:
     if fields["num_key_value_heads"] is None:  # Qwen3Config: null means one key/value head per query head
         fields["num_key_value_heads"] = fields["num_attention_heads"]
     ids = dflash.get("target_layer_ids")
-    if ids is None:
-        ids = build_target_layer_ids(data["num_target_layers"], data["num_hidden_layers"])
+    depths = (data["num_target_layers"], data["num_hidden_layers"])
+    if ids is None and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in depths):
+        ids = build_target_layer_ids(*depths)  # else DFlashConfig names the bad depth first
     try:
         return DFlashConfig(**fields, mask_token_id=dflash["mask_token_id"], target_layer_ids=ids,
                             rope_theta=theta, rope_scaling=scaling)
