@@ -8,7 +8,8 @@ import sys
 from .config import ConfigError
 
 COMMAND_MODULES = ("engine.verify", "profiling.cli", "engine.fixtures", "engine.hf", "engine.sweep",
-                   "engine.gpu_check")
+                   "engine.gpu_check",
+                   "engine.training.train_target")
 
 
 def main(argv: list[str] | None = None) -> int:
