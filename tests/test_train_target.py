@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from engine import reference
 from engine.__main__ import main as cli_main
+from engine.cache import LatentCache
 from engine.config import DecodeConfig, ModelConfig
 from engine.fixtures import random_weights, tiny_config
 from engine.hf import read_hf_dir
@@ -86,12 +87,14 @@ def test_logits_equal_golden_and_engine(variant, tmp_path):
     with torch.no_grad():
         ours = model(torch.from_numpy(tokens)).logits.double().numpy()  # [2, 24, V]
     engine_model = TargetModel.from_checkpoint(ckpt)
+    n = tokens.shape[1]
     for row, ids in enumerate(tokens):
         golden = reference.forward_logits(cfg, ckpt.weights, ids.tolist())
         np.testing.assert_allclose(ours[row], golden, atol=1e-4, rtol=0, err_msg=f"seed {seed}")
-        engine_logits = decode(ckpt, ids.tolist(), DecodeConfig(max_new_tokens=1, budget=0), "ar",
-                               model=engine_model).logits[0]
-        np.testing.assert_allclose(ours[row, -1], engine_logits, atol=1e-4, rtol=0, err_msg=f"seed {seed}")
+        cache = LatentCache(cfg.num_hidden_layers, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, "cpu", torch.float32)
+        engine_logits = engine_model.forward(torch.from_numpy(ids), torch.arange(n),
+                                             torch.ones(n, n, dtype=torch.bool).tril(), cache)  # a causal prefill
+        np.testing.assert_allclose(ours[row], engine_logits.numpy(), atol=1e-4, rtol=0, err_msg=f"seed {seed}")
 
 
 def test_hidden_states_follow_transformers_numbering(tmp_path):
@@ -173,7 +176,7 @@ def test_tiny_recipe_learns_and_the_engine_decodes_it(tiny_run):
     losses = [entry["train_loss"] for entry in report["intervals"]]
     assert losses[0] - losses[-1] > 1.0, losses
     assert report["final_val_loss"] < np.log(report["tokenizer"]["vocab_size"]) - 1.5
-    assert report["steps"] == 300 and report["tokens_seen"] == 300 * 8 * 160
+    assert report["steps"] == 300 and report["tokens_seen"] == 300 * 12 * 160
     assert "step 300/300" in log and "tok/s" in log and "\r" not in log  # a plain line per interval off a TTY
 
     ckpt = load_model(out)
@@ -299,3 +302,17 @@ def test_cuda_generation_of_the_drafter_data_is_quick():
     print(f"2048 prompts x 256 new tokens: {seconds:.1f} s")
     assert tokens.shape == (2048, 256) and seconds < 60
     assert 0 <= int(tokens.min()) and int(tokens.max()) < 4096
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_runs_repeat_and_resume_exactly(small_corpus, tmp_path, capsys):
+    common = ["--preset", "tiny", "--device", "cuda", "--corpus-dir", str(small_corpus), "--steps", "20",
+              "--log-every", "5", "--eval-every", "10", "--checkpoint-every", "10", "--dropout", "0.1",
+              "--save-dtype", "float32"]
+    for name in ("first", "second"):
+        assert train(capsys, "--out", str(tmp_path / name), *common)[0] == 0
+    assert train(capsys, "--out", str(tmp_path / "parts"), *common, "--pause-at", "10")[0] == 0
+    assert train(capsys, "--out", str(tmp_path / "parts"), "--resume")[0] == 0
+    first, second, parts = (load_file(tmp_path / d / "model.safetensors") for d in ("first", "second", "parts"))
+    assert all(torch.equal(first[k], second[k]) and torch.equal(first[k], parts[k]) for k in first)

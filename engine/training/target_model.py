@@ -52,8 +52,8 @@ class MLP(nn.Module):
 
 
 class KVCache:
-    """Per-layer expanded K [B, H, S, qk_head_dim] and V [B, H, S, v_head_dim] for incremental decoding,
-    allocated on the first write in the dtype the attention computes in."""
+    """Per-layer expanded K and V [B, H, S, max(qk_head_dim, v_head_dim)] (zero-padded to one width) for
+    incremental decoding, allocated on the first write in the dtype the attention computes in."""
 
     def __init__(self, num_layers: int, capacity: int) -> None:
         self.capacity = capacity
@@ -103,15 +103,19 @@ class Attention(nn.Module):
         # apply_rope broadcasts cos [T, P/2] over the dims after the first: put T first
         q_pe = apply_rope(q_pe.transpose(0, 1), cos, sin, cfg.rope_interleave).transpose(0, 1)  # [B, T, H, P]
         k_pe = apply_rope(k_pe.transpose(0, 1), cos, sin, cfg.rope_interleave).transpose(0, 1)  # [B, T, P]
-        q = torch.cat([q_nope, q_pe], dim=-1).transpose(1, 2)  # [B, H, T, qk]
-        k = torch.cat([k_nope, k_pe[:, :, None].expand(b, t, nh, rope)], dim=-1).transpose(1, 2)
-        v = v.transpose(1, 2)  # [B, H, T, v]
+        # zero-pad q, k and v to one head width (scores and outputs unchanged): flash attention needs equal
+        # widths, and it has a deterministic backward
+        width = max(nope + rope, vdim)
+        q = F.pad(torch.cat([q_nope, q_pe], dim=-1), (0, width - nope - rope)).transpose(1, 2)  # [B, H, T, width]
+        k = F.pad(torch.cat([k_nope, k_pe[:, :, None].expand(b, t, nh, rope)], dim=-1),
+                  (0, width - nope - rope)).transpose(1, 2)
+        v = F.pad(v, (0, width - vdim)).transpose(1, 2)
         if cache is not None:
             if start > 0 and t > 1:
                 raise ValueError(f"a cached forward takes a prefill at position 0 or one token a step, not {t} "
                                  f"tokens at position {start}")
             k, v = cache.append(layer, k, v, start)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=scale)  # [B, H, T, v]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=scale)[..., :vdim]  # [B, H, T, v]
         return self.o_proj(o.transpose(1, 2).reshape(b, t, nh * vdim))
 
 

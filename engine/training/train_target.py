@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import shlex
 import sys
@@ -117,6 +118,9 @@ def train_target(args: argparse.Namespace) -> int:
     if args.pause_at is not None and (args.pause_at % recipe.log_every or args.pause_at >= recipe.steps):
         raise TrainError(f"--pause-at {args.pause_at}: expected a multiple of log_every={recipe.log_every} below "
                          f"steps={recipe.steps}")
+    if recipe.device == "cuda":  # repeatable runs: a fixed cuBLAS workspace, attention's deterministic backward
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     started = time.perf_counter()
     corpus = load_corpus(recipe.corpus_dir)
     if state is None:  # every check passed: only now touch DIR
