@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..hf import SINGLE_FILE
+from ..hf_layout import SINGLE_FILE
 from ..text import TOKENIZER_FILE
 from .recipe import TrainError
 

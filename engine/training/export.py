@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..hf import ARCHITECTURE, FIXED_KEYS, SINGLE_FILE
+from ..hf_config import ARCHITECTURE, FIXED_KEYS
+from ..hf_layout import SINGLE_FILE
 from .target_model import INIT_STD, TargetLM
 
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
