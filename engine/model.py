@@ -122,7 +122,7 @@ class TargetModel:
         """tokens, depths [N]; block_mask [N, N] bool. Node i sits at position prefix_len + depths[i] and
         its KV lands in cache row prefix_len + i. Returns float32 logits [N, V] and, when hidden_layers names
         layers, their outputs concatenated in that order [N, len(hidden_layers) * hidden] (transformers'
-        hidden_states[i + 1] for layer i), else None.
+        hidden_states[i + 1] for layer i: the last layer's is after the final norm, as there), else None.
 
         row_block (the batch-invariant mode): every per-row computation (norms, projections, the FFN, the head)
         runs on blocks of exactly row_block rows, the last one zero-padded, so a row's result does not depend on
@@ -147,11 +147,12 @@ class TargetModel:
                 x = rowwise(lambda x, layer=layer: x + self._ffn(layer, x), row_block, x)
             if i in hidden_layers:
                 captured[i] = x
-        hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         with timer.range("lm_head"):
-            logits = rowwise(lambda x: F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head),
-                             row_block, x)
-            return logits.float(), hidden
+            x = rowwise(lambda x: rms_norm(x, self.final_norm, cfg.rms_norm_eps), row_block, x)
+            logits = rowwise(lambda x: F.linear(x, self.lm_head), row_block, x).float()
+        captured[cfg.num_hidden_layers - 1] = x  # transformers' last hidden state is after the final norm
+        hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return logits, hidden
 
     def _project(self, a: _Attention, layer: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

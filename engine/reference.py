@@ -182,7 +182,7 @@ def moe(cfg: ModelConfig, weights: dict[str, np.ndarray], prefix: str, x: np.nda
 class ForwardTrace:
     logits: np.ndarray  # [T, V] float64
     routed: dict[int, np.ndarray]  # MoE layer -> experts chosen per token [T, k]
-    hidden: list[np.ndarray]  # [T, D] output of each layer (transformers' hidden_states[i + 1] for layer i)
+    hidden: list[np.ndarray]  # [T, D] output of each layer i: transformers' hidden_states[i + 1] (the last normed)
 
 
 def _checked_tokens(cfg: ModelConfig, tokens: Sequence[int]) -> np.ndarray:
@@ -228,6 +228,7 @@ def run_model(cfg: ModelConfig, weights: dict[str, np.ndarray], tokens: Sequence
         x = x + ffn
         hidden.append(x)
     x = rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
+    hidden[-1] = x  # as transformers' hidden_states[-1]: the last layer's output after the final norm
     return ForwardTrace(logits=x @ w[lm_head_name(cfg)].T, routed=routed, hidden=hidden)
 
 

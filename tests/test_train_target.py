@@ -7,9 +7,7 @@ engine and decodes; a paused and resumed run equals an uninterrupted one; bad op
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import shutil
 import sysconfig
@@ -158,19 +156,8 @@ def train(capsys, *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """The tiny preset, as shipped, on this CPU: the real corpus, BPE training included."""
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    err = io.StringIO()  # a module-scoped fixture cannot take capsys
-    with contextlib.redirect_stderr(err):
-        code = cli_main(["train-target", "--out", str(out), "--preset", "tiny", "--device", "cpu"])
-    assert code == 0, err.getvalue()
-    return out, err.getvalue()
-
-
-def test_tiny_recipe_learns_and_the_engine_decodes_it(tiny_run):
-    out, log = tiny_run
+def test_tiny_recipe_learns_and_the_engine_decodes_it(tiny_target_run):
+    out, log = tiny_target_run
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
                                                      "training.json"]  # checkpoints are gone once finished
     report = json.loads((out / "training.json").read_text())

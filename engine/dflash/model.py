@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..model import apply_rope, rms_norm, swiglu
+from ..model import rms_norm
 from ..rope import cos_sin
 from .config import DFlashConfig
+from .layers import context_features, draft_layer, keys_values
 from .tensors import LAYER_TENSORS
 
 
@@ -47,20 +48,6 @@ class DFlashWeights:
     @property
     def dtype(self) -> torch.dtype:
         return self.fc.dtype
-
-
-def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
-                       scale: float) -> torch.Tensor:
-    """q [N, Hq, D]; k, v [S, Hkv, D]; visible [S] bool -> [N, Hq * D]. Query head h reads key/value head
-    h // (Hq / Hkv) (transformers' repeat_kv), without repeating the keys: the G query heads of a key/value head
-    attend as G * N rows of one head."""
-    n, num_heads, dim = q.shape
-    num_kv = k.shape[1]
-    groups = num_heads // num_kv
-    q = q.view(n, num_kv, groups, dim).permute(1, 2, 0, 3).reshape(1, num_kv, groups * n, dim)
-    out = F.scaled_dot_product_attention(q, k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         attn_mask=visible.view(1, 1, 1, -1), scale=scale)  # [1, Hkv, G*N, D]
-    return out.view(num_kv, groups, n, dim).permute(2, 0, 1, 3).reshape(n, num_heads * dim)
 
 
 class DFlashModel:
@@ -89,24 +76,15 @@ class DFlashModel:
     def capacity(self) -> int:
         return self.keys.shape[1]
 
-    def _keys_values(self, layer: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [n, d] -> keys (k_norm, RoPE), values [n, Hkv, D]."""
-        cfg, n = self.cfg, x.shape[0]
-        k = F.linear(x, layer["self_attn.k_proj.weight"]).view(n, cfg.num_key_value_heads, cfg.head_dim)
-        k = apply_rope(rms_norm(k, layer["self_attn.k_norm.weight"], cfg.rms_norm_eps), cos, sin, False)
-        v = F.linear(x, layer["self_attn.v_proj.weight"]).view(n, cfg.num_key_value_heads, cfg.head_dim)
-        return k, v
-
     def write_context(self, hidden: torch.Tensor, start: torch.Tensor | int) -> None:
         """hidden [n, len(target_layer_ids) * d], the target's states of n tokens -> cache rows start .. start+n-1
         (their positions). Does not move the valid length."""
         cfg = self.cfg
-        ctx = rms_norm(F.linear(hidden.to(self.w.dtype), self.w.fc), self.w.hidden_norm, cfg.rms_norm_eps)
+        ctx = context_features(cfg, self.w.fc, self.w.hidden_norm, hidden)
         positions = start + torch.arange(hidden.shape[0], device=self.rows.device)
         cos, sin = self.cos[positions], self.sin[positions]
         for i, layer in enumerate(self.w.layers):
-            k, v = self._keys_values(layer, ctx, cos, sin)
+            k, v = keys_values(cfg, layer, ctx, cos, sin)
             self.keys[i].index_copy_(0, positions, k)
             self.values[i].index_copy_(0, positions, v)
 
@@ -115,19 +93,12 @@ class DFlashModel:
         rows. The block's own keys and values are not stored."""
         cfg, w = self.cfg, self.w
         num_rows = self.num_draft_positions + 1
-        x = self.embed[torch.cat([root.view(1), self.mask_tokens])]  # [L + 1, d]
+        x = self.embed[torch.cat([root.view(1), self.mask_tokens])][None]  # [1, L + 1, d]
         positions = self.length + self.block
-        cos, sin = self.cos[positions], self.sin[positions]  # [L + 1, D/2]
+        cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, L + 1, D/2]
         visible = torch.cat([self.rows < self.length, torch.ones(num_rows, dtype=torch.bool, device=x.device)])
+        mask = visible.expand(1, num_rows, visible.shape[0])  # every block row sees the same rows
         for i, layer in enumerate(w.layers):
-            h = rms_norm(x, layer["input_layernorm.weight"], cfg.rms_norm_eps)
-            q = F.linear(h, layer["self_attn.q_proj.weight"]).view(num_rows, cfg.num_attention_heads, cfg.head_dim)
-            q = apply_rope(rms_norm(q, layer["self_attn.q_norm.weight"], cfg.rms_norm_eps), cos, sin, False)
-            k_block, v_block = self._keys_values(layer, h, cos, sin)
-            keys, values = torch.cat([self.keys[i], k_block]), torch.cat([self.values[i], v_block])
-            attn = _grouped_attention(q, keys, values, visible, self.scale)
-            x = x + F.linear(attn, layer["self_attn.o_proj.weight"])
-            h = rms_norm(x, layer["post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            x = x + swiglu(h, layer["mlp.gate_proj.weight"], layer["mlp.up_proj.weight"], layer["mlp.down_proj.weight"])
-        out = rms_norm(x[1:], w.norm, cfg.rms_norm_eps)
+            x = draft_layer(cfg, layer, x, cos, sin, self.keys[i][None], self.values[i][None], mask)
+        out = rms_norm(x[0, 1:], w.norm, cfg.rms_norm_eps)
         return F.linear(out, self.lm_head).float().log_softmax(-1)

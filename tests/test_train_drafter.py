@@ -1,0 +1,153 @@
+"""`train-drafter`: the training forward is the engine's drafter forward (one anchor = one engine block), and
+the tiny recipe trains a DFlash drafter on the tiny trained target end to end on the CPU: the loss goes down, the
+directory loads with the engine's DFlash loader, DDTree and the chain with it emit exactly the AR tokens, a
+paused and resumed run equals an uninterrupted one, and bad options fail clearly."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from greedy import assert_greedy_equal
+from test_train_target import module_with_weights, saved_and_loaded, variant_config
+
+from engine.__main__ import main
+from engine.config import DecodeConfig
+from engine.dflash import load_tensors, read_dflash_dir
+from engine.dflash.config import DFlashConfig
+from engine.dflash.model import DFlashModel, DFlashWeights
+from engine.drafters import DrafterSpec
+from engine.model import TargetModel
+from engine.session import decode
+from engine.text import Tokenizer
+from engine.training.drafter_model import DrafterLM, block_loss
+from engine.training.drafter_recipe import DRAFTER_PRESETS
+
+
+def drafter_config(target_cfg, **overrides) -> DFlashConfig:
+    base = dict(hidden_size=target_cfg.hidden_size, vocab_size=target_cfg.vocab_size, block_size=5,
+                num_target_layers=target_cfg.num_hidden_layers, mask_token_id=3, target_layer_ids=(0, 2),
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=48)
+    return DFlashConfig(**{**base, **overrides})
+
+
+def test_the_training_forward_is_the_engine_forward_block_by_block(tmp_path):
+    """Every block of a multi-anchor training forward equals the engine's drafter run on the context strictly
+    before that anchor, in float32."""
+    seed = random.randrange(2**20)
+    target_lm = module_with_weights(variant_config("qlora_dense1_groups"), seed)
+    engine_target = TargetModel.from_checkpoint(saved_and_loaded(target_lm, tmp_path / "t"))
+    cfg = drafter_config(target_lm.cfg, rope_theta=random.choice([10000.0, 5e5]))
+    torch.manual_seed(seed)
+    drafter = DrafterLM(cfg)
+    with torch.no_grad():
+        for p in drafter.parameters():  # norms off 1 too, so a skipped norm would show
+            p.add_(0.1 * torch.randn_like(p))
+    rng = np.random.default_rng(seed)
+    tokens = torch.from_numpy(rng.integers(0, cfg.vocab_size, size=(2, 30)))
+    anchors = torch.from_numpy(np.sort(np.stack([rng.choice(np.arange(1, 26), 4, replace=False) for _ in range(2)])))
+    with torch.no_grad():
+        hidden = torch.cat(target_lm(tokens, hidden_layers=cfg.target_layer_ids, logits_from=None).hidden, -1)
+        logits = drafter(hidden, tokens, anchors, target_lm.model.embed_tokens.weight, target_lm.output_weight)
+        weights = DFlashWeights.from_tensors(cfg, {n: p.detach() for n, p in drafter.tensors().items()})
+        for b in range(2):
+            for j, a in enumerate(anchors[b].tolist()):
+                model = DFlashModel(cfg, weights, engine_target.embed, engine_target.lm_head,
+                                    cfg.block_size - 1, capacity=40)
+                model.write_context(hidden[b, :a], 0)
+                model.length.fill_(a)
+                ours = model.block_logprobs(tokens[b, a])
+                np.testing.assert_allclose(logits[b, j].log_softmax(-1).numpy(), ours.numpy(), atol=1e-4, rtol=0)
+
+
+def test_block_loss_weights_rows_by_depth():
+    logits = torch.randn(2, 3, 4, 11)
+    tokens = torch.randint(0, 11, (2, 12))
+    anchors = torch.tensor([[0, 3, 7], [1, 2, 6]])
+    gamma = 4.0
+    total = 0.0
+    for b in range(2):
+        for j in range(3):
+            for k in range(4):
+                ce = torch.nn.functional.cross_entropy(logits[b, j, k], tokens[b, anchors[b, j] + k + 1])
+                total += float(ce) * np.exp(-k / gamma)
+    norm = sum(np.exp(-k / gamma) for k in range(4)) * 6
+    assert float(block_loss(logits, tokens, anchors, gamma)) == pytest.approx(total / norm, rel=1e-5)
+
+
+def run_drafter(*argv: str) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train-drafter", *argv])
+    return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_drafter(tiny_target_run, tmp_path_factory):
+    target, _ = tiny_target_run
+    out = tmp_path_factory.mktemp("drafter") / "dflash"
+    code, log = run_drafter("--target", str(target), "--out", str(out), "--preset", "tiny", "--device", "cpu")
+    assert code == 0, log
+    return target, out, log
+
+
+def test_tiny_drafter_learns_and_drafts_inside_the_engine(tiny_drafter):
+    target, out, log = tiny_drafter
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training.json"]
+    report = json.loads((out / "training.json").read_text())
+    losses = [e["train_loss"] for e in report["intervals"]]
+    recipe = DRAFTER_PRESETS["tiny"]
+    assert losses[0] - losses[-1] > 0.5, losses
+    assert report["steps"] == recipe.steps and report["final_val_accepted"] > 0.5
+    assert f"step {recipe.steps}/{recipe.steps}" in log
+    ckpt = read_dflash_dir(out)
+    assert ckpt.config.block_size == recipe.block_size and ckpt.config.mask_token_id == Tokenizer.load(
+        target).end_of_text_id
+    from engine.loading import load_model
+
+    model_ckpt = load_model(target)
+    tokenizer = Tokenizer.load(target)
+    prompt = tokenizer.encode("def main(argv):\n    parser = argparse.")
+    cfg = DecodeConfig(budget=24, block_size=recipe.block_size, max_new_tokens=32)
+    ar = decode(model_ckpt, prompt, cfg, "ar")
+    spec = DrafterSpec("dflash", model=str(out))
+    chain = decode(model_ckpt, prompt, cfg, "chain", spec)
+    tree = decode(model_ckpt, prompt, cfg, "ddtree", spec)
+    assert_greedy_equal(ar.tokens, ar.logits, chain.tokens)
+    assert_greedy_equal(ar.tokens, ar.logits, tree.tokens)
+    assert sum(s.num_accepted for s in tree.steps) > 0, "the trained drafter's guesses get accepted"
+
+
+def test_pause_and_resume_equal_an_uninterrupted_run(tiny_target_run, tmp_path):
+    target, _ = tiny_target_run
+    short = ["--target", str(target), "--preset", "tiny", "--device", "cpu", "--steps", "40", "--num-sequences",
+             "32", "--log-every", "10", "--eval-every", "20", "--checkpoint-every", "20"]
+    assert run_drafter(*short, "--out", str(tmp_path / "a"))[0] == 0
+    assert run_drafter(*short, "--out", str(tmp_path / "b"), "--pause-at", "20")[0] == 0
+    assert (tmp_path / "b" / "checkpoints").is_dir() and not (tmp_path / "b" / "training.json").exists()
+    code, log = run_drafter(*short, "--out", str(tmp_path / "b"), "--resume")
+    assert code == 0, log
+    a, b = (load_tensors(read_dflash_dir(tmp_path / n), "cpu", torch.float32) for n in "ab")
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target", "/no/such/target"], "not a directory"),
+    (["--steps", "0"], "steps=0"),
+    (["--anchors", "500"], "new_tokens"),
+    (["--resume"], "no checkpoint"),
+])
+def test_bad_options_fail_clearly(tiny_target_run, tmp_path, argv, message):
+    target, _ = tiny_target_run
+    base = ["--out", str(tmp_path / "d"), "--device", "cpu"]
+    if "--target" not in argv:
+        base += ["--target", str(target)]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train-drafter", *base, *argv])
+    assert code == 2 and message in err.getvalue()
+    assert not (tmp_path / "d").exists(), "nothing written"
