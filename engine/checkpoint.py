@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from .text import Tokenizer
 
 
 class WeightSource(Protocol):
@@ -56,6 +59,8 @@ class Checkpoint:
     prompt: np.ndarray | None = None  # [P] int64
     golden_tokens: np.ndarray | None = None  # [T] int64: greedy continuation of prompt per the golden model
     golden_logits: np.ndarray | None = None  # [T, V] float32: the logits each golden token is the argmax of
+    tokenizer: Tokenizer | None = None  # a model directory's tokenizer.json (None: token ids only)
+    prompt_texts: tuple[str, ...] = ()  # the model's own example prompts (prompts.json); prompt encodes the first
 
     def __post_init__(self) -> None:
         if isinstance(self.weights, dict):

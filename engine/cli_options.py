@@ -10,6 +10,7 @@ import torch
 
 from .checkpoint import Checkpoint
 from .config import DEVICES, DTYPES, DecodeConfig
+from .decode import validate_prompt
 from .drafters import REGISTRY, DrafterSpec
 from .loading import load_model
 from .session import parse_prompt
@@ -29,7 +30,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt", help="prompt token ids, comma or space separated (default: the checkpoint's prompt)")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="prompt token ids, comma or space separated (default: the checkpoint's "
+                                         "prompt)")
+    prompt.add_argument("--prompt-text", help="the prompt as text, encoded with the model's tokenizer.json")
 
 
 def add_drafter_args(p: argparse.ArgumentParser) -> None:
@@ -80,6 +84,12 @@ def load_checkpoint(args: argparse.Namespace) -> Checkpoint:
 def pick_prompt(args: argparse.Namespace, ckpt: Checkpoint) -> list[int]:
     if args.prompt is not None:
         return parse_prompt(args.prompt, ckpt.config.vocab_size)
+    if args.prompt_text is not None:
+        if ckpt.tokenizer is None:
+            raise CliError(f"--prompt-text: {ckpt.source} has no tokenizer.json; pass token ids with --prompt")
+        if not args.prompt_text:
+            raise CliError("--prompt-text is empty: give some text, or token ids with --prompt")
+        return validate_prompt(ckpt.tokenizer.encode(args.prompt_text), ckpt.config.vocab_size)
     if ckpt.prompt is None:
         raise CliError(f"{ckpt.source} has no prompt of its own: pass --prompt with token ids, e.g. --prompt 1,2,3")
     return ckpt.prompt.tolist()

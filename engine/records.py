@@ -63,6 +63,7 @@ class StepRecord:
     wall_ns: int = 0  # host wall time of the step, reading its record included
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # (range name, start ns from step start, ns)
     probs: NodeProbs | None = None  # what the target and the drafter give each node (engine/node_probs.py)
+    committed_text: str | None = None  # the committed tokens as text (None: the model has no tokenizer)
 
     @property
     def num_accepted(self) -> int:
@@ -94,6 +95,8 @@ class RunRecord:
     logits: np.ndarray | None = None  # [num_generated, V] target logits per generated token (AR runs)
     wall_ns: int = 0  # prefill + every step's wall_ns
     drafter: dict = field(default_factory=dict)  # name and knobs of the drafter used
+    prompt_text: str | None = None  # the prompt and the generated tokens as text (None: no tokenizer)
+    text: str | None = None
 
     @property
     def num_committed(self) -> int:

@@ -80,7 +80,18 @@ def make_decoder(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mod
 def decode(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str, drafter: DrafterSpec = ORACLE,
            timer: StepTimer | None = None, on_step: Callable[[StepRecord], None] | None = None,
            model: TargetModel | None = None) -> RunRecord:
-    return make_decoder(ckpt, prompt, cfg, mode, drafter, timer, model).run(on_step)
+    return with_text(make_decoder(ckpt, prompt, cfg, mode, drafter, timer, model).run(on_step), ckpt)
+
+
+def with_text(run: RunRecord, ckpt: Checkpoint) -> RunRecord:
+    """The run's prompt, generated tokens and each step's committed tokens as text, where the model has a
+    tokenizer."""
+    if ckpt.tokenizer is not None:
+        run.prompt_text = ckpt.tokenizer.decode(run.prompt)
+        run.text = ckpt.tokenizer.decode(run.tokens)
+        for step in run.steps:
+            step.committed_text = ckpt.tokenizer.decode(step.committed)
+    return run
 
 
 def warm_up(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel,
@@ -112,4 +123,4 @@ def decode_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, draf
     known = golden_for(ckpt, prompt, cfg) or runs["ar"].tokens
     for mode in modes:
         runs[mode] = make_decoder(ckpt, prompt, cfg, mode, drafter, timer(), model, known).run(on_step)
-    return runs
+    return {mode: with_text(run, ckpt) for mode, run in runs.items()}

@@ -21,7 +21,7 @@ from engine.config import DecodeConfig
 from engine.decode import Decoder
 from engine.drafters import DrafterSpec
 from engine.records import MODES, RunRecord, StepRecord
-from engine.session import ORACLE, golden_for, load_target, make_decoder, warm_up
+from engine.session import ORACLE, golden_for, load_target, make_decoder, warm_up, with_text
 from engine.timers import StepTimer
 
 from .capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
@@ -164,4 +164,4 @@ def capture_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, dra
         runs[mode], captures[mode] = _profiled(
             lambda t, mode=mode: make_decoder(ckpt, prompt, cfg, mode, drafter, t, model, known), cfg, on_step)
     activities = ["cpu"] + (["cuda"] if cfg.device == "cuda" else [])
-    return runs, Capture(activities, captures)
+    return {mode: with_text(run, ckpt) for mode, run in runs.items()}, Capture(activities, captures)

@@ -49,6 +49,9 @@ def summary_table(runs: dict[str, RunRecord]) -> str:
         lines.append(f"{label} acceptance histogram (steps accepting 0..L drafted tokens): "
                      + " ".join(map(str, s["acceptance_histogram"])))
     lines += [verdict(s, MODE_LABELS[mode]) for mode, s in summaries.items()]
+    if ar.text is not None:
+        lines += [f"prompt: {ar.prompt_text!r}", f"AR text: {ar.text!r}"]
+        lines += [f"{MODE_LABELS[m]} text: {s['text']!r}" for m, s in summaries.items() if s["text"] != ar.text]
     if not all(s["matches_ar"] for s in summaries.values()):
         lines.append("* speedup measured over different outputs: the runs did not write the same text")
     return "\n".join(lines)

@@ -35,7 +35,7 @@ def step_dict(step: StepRecord) -> dict:
         "target": list(step.target), "logit_gap": [float(g) for g in step.logit_gap], "path": list(step.path),
         "bonus": step.bonus, "committed": list(step.committed), "num_accepted": step.num_accepted,
         "num_committed": step.num_committed, "wall_ns": step.wall_ns, "timings_ns": dict(step.timings_ns),
-        "spans": [list(s) for s in spans] if spans else None,
+        "spans": [list(s) for s in spans] if spans else None, "committed_text": step.committed_text,
         "probs": None if step.probs is None else {
             "target": list(step.probs.target), "draft": list(step.probs.draft), "move_on": list(step.probs.move_on),
             "expected_accepted": step.probs.expected_accepted, "draft_expected": step.probs.draft_expected},
@@ -44,7 +44,7 @@ def step_dict(step: StepRecord) -> dict:
 
 def run_dict(run: RunRecord) -> dict:
     return {"mode": run.mode, "first_token": run.first_token, "prefill_ns": run.prefill_ns, "wall_ns": run.wall_ns,
-            "num_steps": run.num_steps, "tokens": list(run.tokens)}
+            "num_steps": run.num_steps, "tokens": list(run.tokens), "prompt_text": run.prompt_text, "text": run.text}
 
 
 def build_report(runs: dict[str, RunRecord], capture: Capture | None = None) -> dict:

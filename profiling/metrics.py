@@ -145,6 +145,8 @@ def summarize(ar: RunRecord, run: RunRecord) -> dict:
         "exactness": exactness_term(run),
         "ar_tokens": list(ar.tokens),
         "tokens": list(run.tokens),
+        "ar_text": ar.text,
+        "text": run.text,
         "num_generated": len(run.tokens),
         "num_steps": run.num_steps,
         "ar_num_steps": ar.num_steps,

@@ -9,6 +9,7 @@ _INT = {"type": "integer"}
 _NUM = {"type": "number"}
 _OPT_NUM = {"type": ["number", "null"]}
 _OPT_INT = {"type": ["integer", "null"]}
+_OPT_STR = {"type": ["string", "null"], "description": "as text (null: the model has no tokenizer)"}
 _INTS = {"type": "array", "items": _INT}
 _NUMS = {"type": "array", "items": _NUM}
 _MODE = {"enum": list(MODES)}
@@ -29,7 +30,7 @@ TREE = _object({
 STEP = _object({
     "mode": _MODE, "index": _INT, "prefix_len": _INT, "tree": TREE, "target": _INTS, "logit_gap": _NUMS,
     "path": _INTS, "bonus": _INT, "committed": _INTS, "num_accepted": _INT, "num_committed": _INT,
-    "wall_ns": _INT,
+    "wall_ns": _INT, "committed_text": _OPT_STR,
     "timings_ns": {"type": "object", "additionalProperties": _INT},
     "spans": {"type": ["array", "null"], "description": "[name, start_ns from the step start, dur_ns]; null: "
               "the record has per-name totals only",
@@ -59,7 +60,7 @@ DIVERGENCE = _object({
 SUMMARY = _object({
     "mode": _SPEC_MODE, "matches_ar": {"type": "boolean"},
     "exactness": {"enum": ["greedy-exact", "seed-matched exact"], "description": "what matches_ar checks"},
-    "ar_tokens": _INTS, "tokens": _INTS, "num_generated": _INT,
+    "ar_tokens": _INTS, "tokens": _INTS, "ar_text": _OPT_STR, "text": _OPT_STR, "num_generated": _INT,
     "num_steps": _INT, "ar_num_steps": _INT, "block_size": _INT, "budget": _INT, "tau": _OPT_NUM,
     "per_position_acceptance": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}},
     "acceptance_histogram": {"type": "array", "items": {"type": "integer", "minimum": 0}},
@@ -78,6 +79,7 @@ ENVIRONMENT = _object({**_ENVIRONMENT_FIELDS, "git_dirty": {"type": ["boolean", 
 
 RUN = _object({
     "mode": _MODE, "first_token": _INT, "prefill_ns": _INT, "wall_ns": _INT, "num_steps": _INT, "tokens": _INTS,
+    "prompt_text": _OPT_STR, "text": _OPT_STR,
 })
 
 CAPTURE_RANGE = _object({"name": {"type": "string"}, "count": _INT, "cpu_ms": _NUM, "device_ms": _NUM})

@@ -151,3 +151,27 @@ def test_without_plotly_the_run_works_and_reports_fail_up_front(tmp_path):
 def test_model_accepts_a_kdtr_file(capsys):
     assert main(["run", "--model", str(TINY), "--max-new", "3", "--budget", "4"]) == 0
     assert "greedy-exact" in capsys.readouterr().out
+
+
+def test_prompt_text_needs_a_tokenizer_and_reaches_the_reports(tiny_target_run, tmp_path, capsys):
+    target, _ = tiny_target_run
+    assert main(["run", "--model", str(TINY), "--prompt-text", "x = 1"]) == 2
+    assert "has no tokenizer.json" in capsys.readouterr().err
+    out = tmp_path / "reports"
+    text = "def main():\n    return 1"
+    assert main(["run", "--model", str(target), "--prompt-text", text, "--max-new", "12", "--report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"prompt: {text!r}" in printed and "AR text: " in printed
+    doc = json.loads((out / "report.json").read_text())
+    from engine.text import Tokenizer
+
+    tokenizer = Tokenizer.load(target)
+    ar = doc["runs"]["ar"]
+    assert ar["prompt_text"] == text and ar["text"] == tokenizer.decode(ar["tokens"])
+    assert doc["summaries"]["ddtree"]["text"] == ar["text"]
+    steps = [s for s in doc["steps"] if s["mode"] == "ddtree"]
+    assert "".join(s["committed_text"] for s in steps).startswith(tokenizer.decode(steps[0]["committed"]))
+    assert main(["run", "--model", str(target), "--max-new", "4"]) == 0, "prompts.json gives the default prompt"
+    from engine.loading import load_model
+
+    assert "prompt: " + repr(load_model(target).prompt_texts[0]) in capsys.readouterr().out

@@ -158,8 +158,8 @@ def train(capsys, *argv: str) -> tuple[int, str]:
 
 def test_tiny_recipe_learns_and_the_engine_decodes_it(tiny_target_run):
     out, log = tiny_target_run
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
-                                                     "training.json"]  # checkpoints are gone once finished
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "prompts.json",
+                                                     "tokenizer.json", "training.json"]  # no checkpoints left
     report = json.loads((out / "training.json").read_text())
     losses = [entry["train_loss"] for entry in report["intervals"]]
     assert losses[0] - losses[-1] > 1.0, losses

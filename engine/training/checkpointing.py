@@ -13,12 +13,13 @@ from pathlib import Path
 import torch
 
 from ..hf_layout import SINGLE_FILE
+from ..loading import PROMPTS_FILE
 from ..text import TOKENIZER_FILE
 from .recipe import TrainError
 
 CHECKPOINT_DIR = "checkpoints"
 TRAINING_FILE = "training.json"
-RUN_FILES = ("config.json", SINGLE_FILE, TOKENIZER_FILE, TRAINING_FILE)  # what a finished run leaves in DIR
+RUN_FILES = ("config.json", SINGLE_FILE, TOKENIZER_FILE, TRAINING_FILE, PROMPTS_FILE)  # a finished run's files
 KEEP_CHECKPOINTS = 2
 _NAME = re.compile(r"step-(\d{7})\.pt")
 

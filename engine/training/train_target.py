@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..corpus import draw_prompts, load_corpus
+from ..loading import PROMPTS_FILE
 from ..text import TOKENIZER_FILE, Tokenizer, train_bpe
 from .checkpointing import (
     TRAINING_FILE,
@@ -170,6 +171,10 @@ def train_target(args: argparse.Namespace) -> int:
         "greedy_sample": _sample(model, recipe, corpus, tokenizer), "intervals": trainer.history.intervals,
     }
     save_hf_dir(model, out, recipe.save_dtype, tokenizer.end_of_text_id)
+    prompts = draw_prompts(corpus, tokenizer, recipe.sample_prompts, recipe.sample_prompt_len, recipe.seed)
+    (out / PROMPTS_FILE).write_text(json.dumps({
+        "source": f"the held-out split of {corpus.name} (engine/corpus.py), drawn with seed {recipe.seed}",
+        "prompts": [{"text": tokenizer.decode(ids.tolist())} for ids in prompts]}, indent=2) + "\n")
     (out / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
     remove_checkpoints(out)
     print(f"wrote {out}: {report['num_parameters'] / 1e6:.2f} M parameters, {trainer.step} steps, "
