@@ -151,3 +151,18 @@ def test_bad_options_fail_clearly(tiny_target_run, tmp_path, argv, message):
         code = main(["train-drafter", *base, *argv])
     assert code == 2 and message in err.getvalue()
     assert not (tmp_path / "d").exists(), "nothing written"
+
+
+def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, capsys):
+    from benchmarks import bench_pair
+
+    target, drafter, _ = tiny_drafter
+    assert bench_pair.main(["--model", str(target), "--drafter", str(drafter), "--quick", "--device", "cpu",
+                            "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "pair-cpu.json").read_text())
+    modes = [r["mode"] for r in result["rows"]]
+    assert modes == ["AR", "chain", "DDTree"] and all(r["exact"] == "4/4" for r in result["rows"])
+    assert 0 < result["distinct_4gram_rate"] <= 1 and "tau / chain" in out
+    tree = result["rows"][2]
+    assert tree["tau"] >= result["rows"][1]["tau"] - 1e-9 and len(tree["per_position_acceptance"]) == 7

@@ -1,0 +1,146 @@
+"""The shipped text pair, measured: does the target write text, and how much does its trained DFlash drafter buy?
+
+Over the model's held-out prompts (prompts.json: drawn from the corpus' held-out split at training) x new tokens
+at T = 0: the target's validation loss (training.json), the distinct-4-gram rate of its greedy continuations
+(a looping target makes tau meaningless), tau of the DFlash chain and of DDTree at each budget, per-position
+acceptance, and the wall-clock speedup over AR (CUDA: graph replays). Every speculative run must emit exactly
+the AR tokens. Each decode is run once with its records (tau, acceptance, tokens) and once timed through the
+decoder's device path (Decoder.advance; on CUDA the step captured as a graph after one eager step), so the
+records' host bookkeeping stays out of the times.
+
+    python -m benchmarks.bench_pair [--model DIR] [--device cuda|cpu] [--quick] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from engine.config import DecodeConfig
+from engine.dflash.checkpoint import dflash_dir_beside
+from engine.drafters import DrafterSpec
+from engine.loading import load_model
+from engine.model import TargetModel
+from engine.records import MODE_LABELS
+from engine.session import make_decoder, with_text
+from engine.training.generate import distinct_ngram_rate
+from profiling.metrics import per_position_acceptance, tau
+
+from .common import RESULTS_DIR, Column, markdown_table, ratio, resolve_device, start_run, text_table, write_results
+
+DEFAULT_MODEL = pathlib.Path(__file__).resolve().parent.parent / "models" / "ddtree-py-tiny"
+BUDGETS = (16, 64, 256)
+
+
+def timed_decode(dec, num_steps: int) -> tuple[float, list[int]]:
+    """ms for the decoder's first num_steps steps through its device path, and the tokens it committed."""
+    cuda = dec.model.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    dec.advance()
+    if cuda and num_steps > 1:
+        torch.cuda.synchronize()
+        captured = time.perf_counter()
+        dec.capture_graph()  # records the step without running it: its time is left out
+        start += time.perf_counter() - captured
+    for _ in range(num_steps - 1):
+        dec.advance()
+    if cuda:
+        torch.cuda.synchronize()
+    ms = (time.perf_counter() - start) * 1e3
+    return ms, dec.generated[: int(dec.num_generated)].tolist()
+
+
+def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfig, mode: str, spec: DrafterSpec,
+            ar_tokens: list[list[int]] | None) -> dict:
+    taus, positions, totals, matches, generated, texts = [], [], [0.0, 0], 0, [], []
+    for i, prompt in enumerate(prompts):
+        dec = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[])
+        run = dec.run()
+        ms, tokens = timed_decode(make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[],
+                                               cuda_graph=cfg.device == "cuda"), run.num_steps)
+        tokens = tokens[: cfg.max_new_tokens]
+        matches += tokens == run.tokens and (ar_tokens is None or run.tokens == ar_tokens[i])
+        totals[0] += ms + run.prefill_ns / 1e6
+        totals[1] += len(run.tokens)
+        generated.append(run.tokens)
+        if mode != "ar":
+            taus.append(tau(run))
+            positions.append(per_position_acceptance(run))
+        texts.append(with_text(run, ckpt).text)
+    return {"mode": MODE_LABELS[mode], "budget": cfg.budget if mode == "ddtree" else None,
+            "tau": float(np.mean(taus)) if taus else 1.0,
+            "per_position_acceptance": np.mean(positions, axis=0).tolist() if positions else [],
+            "tokens_per_s": totals[1] / (totals[0] / 1e3), "exact": f"{matches}/{len(prompts)}",
+            "generated": generated, "example": texts[0]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description="the shipped target + DFlash drafter: text quality, tau, speedup")
+    p.add_argument("--model", type=pathlib.Path, default=DEFAULT_MODEL, help="the target's directory")
+    p.add_argument("--drafter", type=pathlib.Path, help="its DFlash directory (default: the one beside it)")
+    p.add_argument("--device", choices=("cuda", "cpu"))
+    p.add_argument("--quick", action="store_true", help="4 prompts x 32 tokens, B = 16 only")
+    p.add_argument("--prompts", type=int, help="how many of the model's prompts (default: all of them)")
+    p.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR)
+    args = p.parse_args(argv)
+    device = resolve_device(args.device)
+    drafter_dir = args.drafter or dflash_dir_beside(args.model)
+    if drafter_dir is None:
+        raise SystemExit(f"{args.model}: no DFlash drafter beside it ({args.model}/dflash/); train one with "
+                         "python -m engine train-drafter")
+    ckpt = load_model(args.model)
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    info = start_run("bench_pair", "benchmarks.bench_pair", argv, device, torch.bfloat16 if device.type == "cuda"
+                     else torch.float32, args.quick)
+    num_prompts, new_tokens, budgets = (4, 32, BUDGETS[:1]) if args.quick else (len(ckpt.prompt_texts), 128, BUDGETS)
+    num_prompts = args.prompts or num_prompts
+    prompts = [ckpt.tokenizer.encode(t) for t in ckpt.prompt_texts[:num_prompts]]
+    model = TargetModel.from_checkpoint(ckpt, device.type, dtype)
+    block = json.loads((drafter_dir / "config.json").read_text())["block_size"]
+    spec = DrafterSpec("dflash", model=str(drafter_dir))
+    training = json.loads((args.model / "training.json").read_text())
+
+    def cfg(budget: int = 0) -> DecodeConfig:
+        return DecodeConfig(budget=budget, block_size=block, max_new_tokens=new_tokens, device=device.type,
+                            dtype=dtype)
+
+    make_decoder(ckpt, prompts[0], cfg(budgets[-1]), "ddtree", spec, model=model).run()  # warm-up
+    ar = measure(ckpt, model, prompts, cfg(), "ar", spec, None)
+    rows = [ar, measure(ckpt, model, prompts, cfg(), "chain", spec, ar["generated"])]
+    rows += [measure(ckpt, model, prompts, cfg(b), "ddtree", spec, ar["generated"]) for b in budgets]
+    for row in rows:
+        row["speedup"] = ratio(row["tokens_per_s"], ar["tokens_per_s"])
+        row["accept_by_depth"] = " ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
+    chain_tau = rows[1]["tau"]
+    for row in rows[2:]:
+        row["tau_over_chain"] = ratio(row["tau"], chain_tau)
+    distinct = distinct_ngram_rate(torch.tensor(ar["generated"]), 4)
+    setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "
+             f"{training['final_val_loss']:.3f} nats/token at training) + {drafter_dir.name} (block {block}); "
+             f"{len(prompts)} held-out prompts x {new_tokens} new tokens, T = 0, {device.type} {dtype}; "
+             f"distinct-4-gram rate of the AR continuations {distinct:.3f}")
+    columns = [Column("mode", "mode"), Column("budget", "B", "{}"), Column("tau", "tau", "{:.2f}"),
+               Column("tau_over_chain", "tau / chain", "{:.2f}"), Column("tokens_per_s", "tokens/s", "{:.1f}"),
+               Column("speedup", "speedup", "{:.2f}"), Column("exact", "== AR"),
+               Column("accept_by_depth", "acceptance by depth")]
+    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\nexample (AR): {ar['example']!r}\n")
+    results = {"setup": setup, "distinct_4gram_rate": distinct, "val_loss": training["final_val_loss"],
+               "rows": [{k: v for k, v in r.items() if k != "generated"} for r in rows]}
+    json_path, md_path = write_results(args.out, f"pair-{device.type}", info, results,
+                                       {"setup": setup, "the pair": markdown_table(rows, columns)})
+    failed = [r["mode"] for r in rows if r["exact"] != f"{len(prompts)}/{len(prompts)}"]
+    print(f"wrote {json_path} and {md_path}" + (f"; NOT exact: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
