@@ -216,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args("What DDTree does to an MoE: Kimi-K2 layers, AR vs DDTree (small model with --quick)", argv)
     device = resolve_device(args.device)
+    if device.type == "cpu" and not args.quick:
+        raise SystemExit("bench_moe on the CPU runs only with --quick: the Kimi-K2 layers take over 100 GB of "
+                         "memory; run it with --device cuda on an H200")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     info = start_run("bench_moe", "benchmarks.bench_moe", argv, device, dtype, args.quick)
     cfg = quick_k2() if args.quick else kimi_k2(layers_that_fit(MODEL_BYTES, dtype.itemsize))

@@ -13,9 +13,9 @@ capture, so there the model runs the dense reference (sparse_runs, default_path)
 On the CPU torch's _grouped_mm is that loop, one matmul per expert in C++. A small matmul's call costs about as much
 as its arithmetic there (about 5 us in float32, 25 us in bfloat16, whatever its size), so a layer whose routed
 experts are small runs dense, in three batched calls. Measured with one thread on a 2-core Xeon at 1 to 257 tokens in
-both dtypes, the grouped layout took 0.6-2.2x the dense time with the tiny fixture's experts (8 of 64 x 32, 192 KiB),
-0.45-1.45x with 1.5 MiB of experts and 0.03-0.8x from 3 MiB up (32 or 64 experts, top-4 or top-8); hence
-CPU_SPARSE_MIN_BYTES.
+both dtypes, the grouped layout took 0.6-2.2x the dense time with the tiny fixture's experts (8 of 64 x 32: 192 KiB
+in float32), 0.45-1.45x with 1.5 MiB of experts and 0.03-0.8x from 3 MiB up (32 or 64 experts, top-4 or top-8);
+hence CPU_SPARSE_MIN_BYTES.
 
 Batch invariance: a grouped GEMM multiplies each expert's rows as one matrix, and on the CPU a matmul's reduction
 order depends on its row count, so a row's result would depend on how many other rows chose its expert. The

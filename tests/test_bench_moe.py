@@ -1,8 +1,11 @@
 """bench_moe at its smallest CPU setting, end to end, and its sizing and floor arithmetic."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from test_benchmarks import assert_positive, check_header, run_quick
+from test_benchmarks import REPO, assert_positive, check_header, run_quick
 
 from benchmarks.bench_moe import (
     LAYER_TOKENS,
@@ -65,3 +68,9 @@ def test_a_step_that_reads_everything_reads_the_model_and_its_cache():
     assert every == model_bytes(cfg, 2) + cache
     assert uniform_touched(cfg, 1) == pytest.approx(cfg.num_experts_per_tok)
     assert uniform_touched(cfg, 10**6) == pytest.approx(cfg.n_routed_experts)
+
+
+def test_the_full_size_run_is_refused_on_the_cpu(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_moe", "--device", "cpu", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "only with --quick" in proc.stderr and not list(tmp_path.iterdir())
