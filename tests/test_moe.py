@@ -4,7 +4,6 @@ metrics make of it."""
 from __future__ import annotations
 
 import csv
-import gc
 import io
 import json
 import random
@@ -71,11 +70,11 @@ def test_route_matches_the_golden_route():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sparse_equals_dense_and_a_per_token_loop(dtype):
     gen = torch.Generator().manual_seed(random.randrange(2**31))
-    for _ in range(12):
+    for _ in range(8):
         num = int(torch.randint(2, 40, (), generator=gen))
         k = int(torch.randint(1, min(num, 8) + 1, (), generator=gen))
         hidden, inter = (8 * int(torch.randint(1, hi, (), generator=gen)) for hi in (7, 4))  # 16-byte rows
-        n = int(torch.randint(1, 70, (), generator=gen))
+        n = int(torch.randint(1, 40, (), generator=gen))
         ex = random_experts(num, hidden, inter, dtype, gen)
         x = torch.randn(n, hidden, generator=gen).to(dtype)
         idx = torch.rand(n, num, generator=gen).topk(k, -1).indices  # k distinct experts per token
@@ -114,7 +113,6 @@ def expert_free_stream(cfg: ModelConfig, arrays: dict[str, np.ndarray], live: li
     names = list(arrays)
     random.shuffle(names)
     for name in names:
-        gc.collect()
         assert all(ref() is None for ref in live), "an expert tensor outlived its copy into the stack"
         tensor = torch.from_numpy(arrays[name].copy())
         if ".experts." in name:
@@ -244,7 +242,7 @@ def test_sparse_decodes_the_fixture_like_the_golden_model(tiny_checkpoint):
     ckpt = tiny_checkpoint
     model = TargetModel.from_checkpoint(ckpt, moe="sparse")
     prompt, golden = ckpt.prompt.tolist(), ckpt.golden_tokens.tolist()
-    cfg = DecodeConfig(budget=random.choice([5, 30, 120]), block_size=8, max_new_tokens=24)
+    cfg = DecodeConfig(budget=random.choice([5, 30]), block_size=8, max_new_tokens=24)
     ar = decode(ckpt, prompt, cfg, "ar", model=model)
     assert ar.tokens == golden and np.abs(ar.logits - ckpt.golden_logits).max() < 1e-4
     for noise in (0.0, 0.6):
@@ -258,7 +256,7 @@ def test_sparse_batch_invariant_decodes_are_ar_bit_for_bit(dtype):
     ckpt, model = counter_model(seed, "sparse", dtype)
     rng = random.Random(seed)
     prompt = [rng.randrange(ckpt.config.vocab_size) for _ in range(rng.randint(1, 9))]
-    cfg = DecodeConfig(budget=rng.choice([3, 17, 40]), block_size=rng.randint(2, 6), max_new_tokens=12, dtype=dtype,
+    cfg = DecodeConfig(budget=rng.choice([3, 17]), block_size=rng.randint(2, 6), max_new_tokens=8, dtype=dtype,
                        batch_invariant=True)
     ar = decode(ckpt, prompt, cfg, "ar", model=model)
     for mode in ("ddtree", "chain"):
