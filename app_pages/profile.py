@@ -5,7 +5,7 @@ from engine.records import MODE_LABELS
 from profiling.charts import acceptance_figure, position_figure
 from profiling.metrics import kernel_table, summarize_runs
 from profiling.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
-from ui import charts, state, views
+from ui import charts, drafter_health, state, views
 
 st.title("Profile")
 if st.button("Re-run", icon=":material/refresh:", help="Decode AR and the speculative runs again and re-measure."):
@@ -39,6 +39,7 @@ for summary in summaries.values():
     hist_col, position_col = st.columns(2)
     hist_col.plotly_chart(acceptance_figure(summary), width="stretch")
     position_col.plotly_chart(position_figure(summary), width="stretch")
+drafter_health.panel(state.settings())
 
 st.subheader("Budget sweep")
 st.caption("The same prompt decoded with DDTree at each budget B; the fastest B per generated token is starred. "

@@ -8,10 +8,13 @@ add: bf16 rounding cannot flip an argmax between the AR run and the tree verify,
 choice is always the target's. Nothing else depends on the weights' values: a step's work is fixed by its
 shapes.
 
-AR and DDTree decoders (B x {exact, noisy oracle}) step the same prompt, timed eagerly (CUDA events around
-each step), as CUDA-graph replays, and with the stage timers on (StepTimer ranges) for the stage shares. The
-steps run through the decoder's device path (Decoder.advance / capture_graph): the per-step record, which
-reads the [B+1, V] logits back and sorts them, is host bookkeeping outside the step measured here.
+AR and DDTree decoders (B x {exact, noisy oracle}) step the same prompt, and so do the learned drafter's chain
+and DDTree decoders (B again): a Kimi-K2.5-shaped DFlash drafter (hidden 7168, 64 / 8 heads, head_dim 128,
+intermediate 18432, block 8; 6 layers on k2-mini, 1 tiny one with --quick) with random bf16 weights made on the
+device, reading both of k2-mini's layers. Its random weights accept about nothing (tau near 1): its rows measure
+what the drafter costs, its share of the step ("draft" + "draft_update"), not what a trained one gains; on a
+two-layer target that share is far larger than beside Kimi-K2.5's 61 layers. Each decoder is timed as
+benchmarks/decode_steps.py says: eagerly, as CUDA-graph replays, and with the stage timers on for the shares.
 
     python -m benchmarks.bench_decode [--device cuda|cpu] [--quick] [--out DIR]
 """
@@ -19,20 +22,21 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from engine.config import DecodeConfig, ModelConfig
 from engine.decode import ARDecoder, DDTreeDecoder, Decoder
+from engine.dflash import DFlashConfig, DFlashWeights
+from engine.dflash.fixtures import kimi_k25_layout, random_tensors
+from engine.drafters.dflash import DFlashDrafter, context_capacity
 from engine.drafters.oracle import OracleDrafter
 from engine.model import TargetModel
-from engine.timers import StepTimer
+from engine.records import MODE_LABELS
 from engine.weights import lm_head_name, weight_shapes
 
 from .common import (
@@ -47,34 +51,9 @@ from .common import (
     text_table,
     write_results,
 )
+from .decode_steps import STAGES, Plan, measure_decoder
 
 NOISY = 0.3  # the noisy oracle's chance to demote the true token at a position
-STAGES = {  # table column -> collapsed StepTimer range names whose times add up to it
-    "draft": ["step/draft"], "tree_build": ["step/tree_build"], "verify": ["step/verify"],
-    "verify_attn": ["step/verify/layer*/attn/verify_attn"], "attn_total": ["step/verify/layer*/attn"],
-    "ffn": ["step/verify/layer*/mlp", "step/verify/layer*/moe"], "lm_head": ["step/verify/lm_head"],
-    "tree_accept": ["step/tree_accept"], "kv_compact": ["step/kv_compact"], "commit": ["step/commit"],
-}
-
-
-@dataclass(slots=True, frozen=True)
-class Plan:
-    prompt_len: int
-    budgets: tuple[int, ...]
-    noises: tuple[float, ...]
-    block_size: int
-    warmup: int  # eager steps before timing (and graph replays after the capture)
-    num_steps: int  # timed steps per decoder and mode
-    num_profiled: int  # steps with the stage timers on
-
-    @property
-    def max_dd_steps(self) -> int:
-        return max(self.warmup + self.num_steps + self.num_profiled, 2 * self.warmup + self.num_steps)
-
-    @property
-    def max_new_tokens(self) -> int:
-        """Enough for every DDTree decoder, each step committing at most block_size tokens."""
-        return 1 + self.block_size * self.max_dd_steps
 
 
 def k2_mini() -> ModelConfig:
@@ -97,7 +76,19 @@ def tiny() -> ModelConfig:
         first_k_dense_replace=1, max_position_embeddings=4096)
 
 
-def random_tensors(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int
+def dflash_layout(cfg: ModelConfig, plan: Plan) -> DFlashConfig:
+    """Kimi-K2.5-DFlash's widths on k2-mini (tiny widths on the tiny model), plan.dflash_layers layers and
+    plan.dflash_block_size, reading every target layer (k2-mini has two)."""
+    widths = {} if cfg.hidden_size == kimi_k25_layout().hidden_size else {
+        "hidden_size": cfg.hidden_size, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16}
+    return kimi_k25_layout(**widths, vocab_size=cfg.vocab_size, mask_token_id=cfg.vocab_size - 2,
+                           num_hidden_layers=plan.dflash_layers, block_size=plan.dflash_block_size,
+                           num_target_layers=cfg.num_hidden_layers,
+                           target_layer_ids=tuple(range(cfg.num_hidden_layers)))
+
+
+def target_tensors(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int
                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """Weights drawn in dtype on the device, one at a time in weight_shapes order (so TargetModel stacks each
     routed expert as it arrives and the device never holds the model twice): matrices with std 1/sqrt(fan_in),
@@ -125,103 +116,7 @@ def random_tensors(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, s
 
 
 def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> TargetModel:
-    return TargetModel(cfg, random_tensors(cfg, device, dtype, seed))
-
-
-def time_steps(step: Callable[[], object], num_steps: int, device: torch.device) -> list[float]:
-    """ms per step: CUDA events around each step on a GPU, perf_counter on the CPU."""
-    if device.type != "cuda":
-        out = []
-        for _ in range(num_steps):
-            start = time.perf_counter_ns()
-            step()
-            out.append((time.perf_counter_ns() - start) / 1e6)
-        return out
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(num_steps)]
-    torch.cuda.synchronize()
-    for start, end in events:
-        start.record()
-        step()
-        end.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in events]
-
-
-@dataclass(slots=True)
-class Steps:
-    """Timed steps of one decoder in one mode."""
-
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    tau: float  # tokens committed per timed step
-
-    @classmethod
-    def measure(cls, dec: Decoder, step: Callable[[], object], num_steps: int) -> Steps:
-        before = int(dec.num_generated)
-        samples = time_steps(step, num_steps, dec.model.device)
-        p10, p50, p90 = np.percentile(samples, [10, 50, 90])
-        return cls(float(p50), float(p10), float(p90), (int(dec.num_generated) - before) / num_steps)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tau / self.median_ms * 1e3
-
-
-def eager_and_profile(dec: Decoder, plan: Plan) -> tuple[Steps, dict[str, float]]:
-    """Timed eager steps, then steps with the stage timers on: mean ms per range ("layerN" -> "layer*")."""
-    device = dec.model.device
-    for _ in range(plan.warmup):
-        dec.advance()
-    eager = Steps.measure(dec, dec.advance, plan.num_steps)
-    dec.timer = StepTimer(device)
-    stage_ms: dict[str, float] = {}
-    for _ in range(plan.num_profiled):
-        with dec.timer.range("step"):
-            dec.advance()
-        for name, ns in dec.timer.results_ns().items():
-            key = re.sub(r"layer\d+", "layer*", name)
-            stage_ms[key] = stage_ms.get(key, 0.0) + ns / 1e6 / plan.num_profiled
-    dec.timer = StepTimer(device, enabled=False)
-    return eager, stage_ms
-
-
-def graph_steps(dec: Decoder, plan: Plan) -> dict:
-    for _ in range(plan.warmup):
-        dec.advance()
-    dec.capture_graph()
-    for _ in range(plan.warmup):
-        dec.advance()
-    return {"steps": Steps.measure(dec, dec.advance, plan.num_steps), "generated": committed(dec)}
-
-
-def committed(dec: Decoder) -> list[int]:
-    return dec.generated[: int(dec.num_generated)].cpu().tolist()
-
-
-def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool) -> dict:
-    """Eager + profiled steps on one decoder, graph replays on a second (CUDA only); the tokens each committed.
-    A failed graph capture leaves the eager numbers standing (graph_error says why)."""
-    dec = make(False)
-    eager, stage_ms = eager_and_profile(dec, plan)
-    generated = [committed(dec)]
-    del dec
-    graph, graph_error = None, None
-    if cuda:
-        replayed = guarded({}, lambda: graph_steps(make(True), plan))
-        graph, graph_error = replayed.get("steps"), replayed.get("error")
-        generated += [replayed["generated"]] if graph else []
-        torch.cuda.empty_cache()
-    step_ms = stage_ms["step"]
-    return {
-        "eager": asdict(eager), "graph": asdict(graph) if graph else None, "generated": generated,
-        "graph_error": graph_error,
-        "eager_step_ms": eager.median_ms, "graph_step_ms": graph.median_ms if graph else None,
-        "tau_eager": eager.tau, "tau_graph": graph.tau if graph else None,
-        "eager_tokens_per_s": eager.tokens_per_s, "graph_tokens_per_s": graph.tokens_per_s if graph else None,
-        "profiled_step_ms": step_ms, "stage_ms": stage_ms,
-        "stage_share": {col: sum(stage_ms.get(n, 0.0) for n in names) / step_ms for col, names in STAGES.items()},
-    }
+    return TargetModel(cfg, target_tensors(cfg, device, dtype, seed))
 
 
 def ddtree_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, drafter: OracleDrafter,
@@ -229,8 +124,35 @@ def ddtree_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, dra
     return DDTreeDecoder(model, prompt, cfg, drafter, cuda_graph=cuda_graph)
 
 
+def dflash_rows(model: TargetModel, prompt: list[int], plan: Plan, decode_cfg: Callable[..., DecodeConfig],
+                cuda: bool) -> tuple[DFlashConfig, list[dict]]:
+    """The learned drafter's chain row and one DDTree row per budget; each decoder gets a drafter of its own (the
+    drafter keeps the decode's context), all over one set of random weights."""
+    layout = dflash_layout(model.cfg, plan)
+    weights = DFlashWeights.from_tensors(layout, random_tensors(layout, 0, model.device, model.dtype))
+
+    def make(mode: str, budget: int, graph: bool) -> Decoder:
+        cfg = decode_cfg(budget, plan.max_new_tokens, layout.block_size)
+        capacity = context_capacity(len(prompt), cfg.max_new_tokens, cfg.block_size)
+        drafter = DFlashDrafter(layout, weights, model, cfg.num_draft_positions, capacity, "random Kimi-K2.5-shaped")
+        return Decoder(model, prompt, cfg, mode, drafter, cuda_graph=graph)
+
+    rows = []
+    for mode, budget in [("chain", None), *(("ddtree", b) for b in plan.budgets)]:
+        key = {"mode": MODE_LABELS[mode], "budget": budget, "noise": None, "drafter": "dflash"}
+        build = functools.partial(make, mode, budget or 0)
+        rows.append(guarded(key, lambda key=key, build=build: {**key, **measure_decoder(build, plan, cuda)}))
+        if "error" not in rows[-1]:
+            share = rows[-1]["stage_share"]["drafter"]
+            where = f" B={budget}" if budget is not None else ""
+            print(f"  dflash {key['mode']}{where}: eager {rows[-1]['eager_step_ms']:.3f} ms/step, drafter "
+                  f"{share:.1%} of the step", flush=True)
+    return layout, rows
+
+
 def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.dtype) -> dict:
-    """The AR row first (its tokens are the oracle's continuation), then one row per budget and oracle."""
+    """The AR row first (its tokens are the oracle's continuation), then one row per budget and oracle, then the
+    learned drafter's rows."""
     rng = np.random.default_rng(0)
     prompt = rng.integers(cfg.vocab_size, size=plan.prompt_len).tolist()
     model = random_model(cfg, device, dtype, seed=0)
@@ -238,8 +160,8 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
     need = plan.max_new_tokens + plan.block_size  # continuation the drafters look into
     dtype_name = str(dtype).removeprefix("torch.")
 
-    def decode_cfg(budget: int, max_new_tokens: int) -> DecodeConfig:
-        return DecodeConfig(budget=budget, block_size=plan.block_size, max_new_tokens=max_new_tokens,
+    def decode_cfg(budget: int, max_new_tokens: int, block_size: int = plan.block_size) -> DecodeConfig:
+        return DecodeConfig(budget=budget, block_size=block_size, max_new_tokens=max_new_tokens,
                             device=device.type, dtype=dtype_name)
 
     ar_cfg = decode_cfg(0, need + plan.block_size)
@@ -250,36 +172,39 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
     continuation = ar_dec.generated[:need].cpu().tolist()
     del ar_dec
     ar = measure_decoder(lambda graph: ARDecoder(model, prompt, ar_cfg, cuda_graph=graph), plan, cuda)
-    rows = [{"mode": "AR", "budget": 0, "noise": None, **ar}]
+    rows = [{"mode": "AR", "budget": 0, "noise": None, "drafter": None, **ar}]
     for noise in plan.noises:
         drafter = OracleDrafter(continuation, cfg.vocab_size, plan.block_size - 1, noise=noise, seed=0,
                                 num_positions=plan.max_new_tokens + plan.block_size, device=device)
         for budget in plan.budgets:
             make = functools.partial(ddtree_decoder, model, prompt, decode_cfg(budget, plan.max_new_tokens), drafter)
-            key = {"mode": "DDTree", "budget": budget, "noise": noise}
+            key = {"mode": "DDTree", "budget": budget, "noise": noise, "drafter": "oracle"}
             rows.append(guarded(key, lambda key=key, make=make: {**key, **measure_decoder(make, plan, cuda)}))
             if "error" not in rows[-1]:
                 print(f"  DDTree B={budget:4d} noise={noise}: eager {rows[-1]['eager_step_ms']:.3f} ms/step, "
                       f"tau {rows[-1]['tau_eager']:.2f}", flush=True)
+    layout, learned = dflash_rows(model, prompt, plan, decode_cfg, cuda)
+    rows += learned
     for row in (r for r in rows if "error" not in r):  # greedy-exact: every decoder commits the AR tokens
         row["tokens_match_ar"] = all(tokens == continuation[: len(tokens)] for tokens in row.pop("generated"))
         for mode in ("eager", "graph"):
             row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar[f"{mode}_tokens_per_s"])
             row[f"step_over_ar_{mode}"] = ratio(row[f"{mode}_step_ms"], ar[f"{mode}_step_ms"])
     weight_bytes = sum(math.prod(s) for n, s in weight_shapes(cfg).items() if n != "model.embed_tokens.weight")
-    return {"prefill_ms": prefill_ms, "prompt_len": plan.prompt_len, "rows": rows,
+    return {"prefill_ms": prefill_ms, "prompt_len": plan.prompt_len, "rows": rows, "dflash": layout.to_dict(),
             "weight_bytes_per_step": weight_bytes * dtype.itemsize}
 
 
 STEP_COLUMNS = [
-    Column("mode", "mode"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
+    Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
     Column("tau_eager", "tau", "{:.2f}"), Column("eager_step_ms", "eager ms/step", "{:.3f}"),
     Column("graph_step_ms", "graph ms/step", "{:.3f}"), Column("eager_tokens_per_s", "eager tok/s", "{:.0f}"),
     Column("graph_tokens_per_s", "graph tok/s", "{:.0f}"), Column("speedup_eager", "speedup eager", "{:.2f}"),
     Column("speedup_graph", "speedup graph", "{:.2f}"), Column("step_over_ar_eager", "step/AR eager", "{:.2f}"),
     Column("step_over_ar_graph", "step/AR graph", "{:.2f}"), Column("tokens_match_ar", "tokens == AR"),
 ]
-SHARE_COLUMNS = [Column("mode", "mode"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
+SHARE_COLUMNS = [Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"),
+                 Column("noise", "noise", "{:g}"),
                  Column("profiled_step_ms", "step ms (timed stages)", "{:.3f}")]
 SHARE_COLUMNS += [Column(f"share_{name}", name, "{:.1%}") for name in STAGES]
 
@@ -291,16 +216,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     info = start_run("bench_decode", "benchmarks.bench_decode", argv, device, dtype, args.quick)
     cfg = tiny() if args.quick else k2_mini()
-    plan = (Plan(16, (4, 16), (0.0, NOISY), 4, 1, 3, 2) if args.quick
-            else Plan(256, (16, 64, 256), (0.0, NOISY), 16, 3, 20, 5))
+    plan = (Plan(16, (4, 16), (0.0, NOISY), 4, 1, 3, 2, dflash_layers=1, dflash_block_size=4) if args.quick
+            else Plan(256, (16, 64, 256), (0.0, NOISY), 16, 3, 20, 5, dflash_layers=6, dflash_block_size=8))
     torch.manual_seed(0)
     results = {"model_name": "tiny" if args.quick else "k2-mini", "model": cfg.to_dict(), "plan": asdict(plan),
                **run_decode(cfg, plan, device, dtype)}
     results["ar_floor_ms"] = results["weight_bytes_per_step"] / (info.ceilings.copy_tbps * 1e12) * 1e3
     rows = [{**row, **{f"share_{k}": v for k, v in row.get("stage_share", {}).items()}} for row in results["rows"]]
     setup = (f"{results['model_name']}, {info.ceilings.dtype}, prompt {plan.prompt_len} tokens (prefill "
-             f"{results['prefill_ms']:.1f} ms), block size {plan.block_size}, {plan.num_steps} timed steps per "
-             f"decoder; AR step floor (weights read once at the copy bandwidth) {results['ar_floor_ms']:.3f} ms")
+             f"{results['prefill_ms']:.1f} ms), {plan.num_steps} timed steps per "
+             f"decoder, block size {plan.block_size} for the oracle, {results['dflash']['block_size']} for the "
+             f"learned drafter ({results['dflash']['num_hidden_layers']} layers); AR step floor (weights read once at "
+             f"the copy bandwidth) {results['ar_floor_ms']:.3f} ms")
     tables = {"setup": setup, "steps": markdown_table(rows, STEP_COLUMNS),
               "stage shares (eager, stage timers on)": markdown_table(rows, SHARE_COLUMNS)}
     print(f"\n{setup}\n\n{text_table(rows, STEP_COLUMNS)}\n\n{text_table(rows, SHARE_COLUMNS)}\n")

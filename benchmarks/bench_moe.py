@@ -4,12 +4,12 @@ The model has Kimi-K2's real widths (hidden 7168, 64 heads, q_lora 1536, kv_lora
 384 routed experts top-8 plus 1 shared of width 2048, the first layer dense of width 18432, vocab 163840, YaRN as in
 its config) and as many layers as fit in MODEL_BYTES of bf16 weights: 34 GB per MoE layer, so 1 dense + 3 MoE
 layers (about 108 GB; layers_that_fit says). Random weights are made on the device and streamed into the model
-(bench_decode.random_tensors: the lm_head is a permuted embedding, so every greedy argmax wins by a wide margin and
+(bench_decode.target_tensors: the lm_head is a permuted embedding, so every greedy argmax wins by a wide margin and
 DDTree must commit exactly the AR tokens).
 
 After a 4096-token prompt (its prefill time is the median over the run's prefills), AR and DDTree at B in
 {16, 64, 256} with the exact and the noisy oracle step the same decode, timed eagerly and as CUDA-graph replays
-(bench_decode.measure_decoder). A separate decoder per row then steps with its records on, for the routed experts
+(decode_steps.measure_decoder). A separate decoder per row then steps with its records on, for the routed experts
 each verify touched per MoE layer (StepRecord.experts) and the prefix length: a step's floor is the bytes it must
 read (every weight but the embedding, of which it reads N rows, with the routed experts counted as touched x one
 expert's bytes, plus N + prefix_len latent cache rows per layer) at the measured copy bandwidth. Uniform routing
@@ -41,7 +41,7 @@ from engine.model import TargetModel
 from engine.moe import dense_moe, route, sparse_moe
 from engine.weights import weight_shapes
 
-from .bench_decode import NOISY, Plan, ddtree_decoder, k2_mini, measure_decoder, random_model
+from .bench_decode import NOISY, ddtree_decoder, k2_mini, random_model
 from .common import (
     FULL,
     QUICK,
@@ -57,6 +57,7 @@ from .common import (
     time_calls,
     write_results,
 )
+from .decode_steps import Plan, measure_decoder
 
 MODEL_BYTES = 120 * 10**9  # bf16 weights on the H200 (141 GB), leaving room for activations, cache and graphs
 LAYER_TOKENS = (1, 17, 65, 257)  # rows of the moe-layer table: AR and the verify of B = 16, 64, 256
@@ -222,8 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     info = start_run("bench_moe", "benchmarks.bench_moe", argv, device, dtype, args.quick)
     cfg = quick_k2() if args.quick else kimi_k2(layers_that_fit(MODEL_BYTES, dtype.itemsize))
-    plan = (Plan(32, (4, 16), (0.0, NOISY), 4, 1, 3, 2) if args.quick
-            else Plan(4096, (16, 64, 256), (0.0, NOISY), 16, 2, 12, 3))
+    no_dflash = {"dflash_layers": 0, "dflash_block_size": 0}  # bench_decode's learned-drafter rows: none here
+    plan = (Plan(32, (4, 16), (0.0, NOISY), 4, 1, 3, 2, **no_dflash) if args.quick
+            else Plan(4096, (16, 64, 256), (0.0, NOISY), 16, 2, 12, 3, **no_dflash))
     num_counted = 2 if args.quick else 4
     torch.manual_seed(0)
     model = random_model(cfg, device, dtype, seed=0)

@@ -8,7 +8,7 @@ import sys
 from .config import ConfigError
 
 COMMAND_MODULES = ("profiling.verify", "profiling.cli", "engine.fixtures", "engine.hf", "profiling.sweep",
-                   "engine.gpu_check")
+                   "engine.gpu_check", "engine.training.train_target", "engine.drafter_check")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,8 @@ from .kdtr import read_kdtr
 from .model import TargetModel
 from .session import decode
 
-CUDA_TESTS = ("tests/test_ops_cuda.py", "tests/test_decode_cuda.py", "tests/test_cuda_compile.py")
+CUDA_TESTS = ("tests/test_ops_cuda.py", "tests/test_decode_cuda.py", "tests/test_dflash_cuda.py",
+              "tests/test_cuda_compile.py")
 
 
 def _decode_checks(fixture: str) -> list[tuple[str, bool, str]]:

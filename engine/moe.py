@@ -166,10 +166,15 @@ def _grouped_padded(rows: torch.Tensor, by_expert: torch.Tensor, starts: torch.T
     return _expert_mlp(padded, experts, offs)[slots]  # rows past the last chosen group's are never read
 
 
+def dense_weights(idx: torch.Tensor, weights: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """route()'s top-k as dense [N, E] routing weights, zero off each token's chosen experts."""
+    return weights.new_zeros(idx.shape[0], num_experts).scatter(1, idx, weights)
+
+
 def dense_moe(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts) -> torch.Tensor:
     """The reference: every expert on every token, weighted by dense [N, E] routing weights (zero off the top-k). No
     data-dependent shapes and per-row exact; E / k times the expert work of sparse_moe."""
-    dense = weights.new_zeros(x.shape[0], experts.down.shape[0]).scatter(1, idx, weights)
+    dense = dense_weights(idx, weights, experts.down.shape[0])
     gate, up = torch.einsum("nd,eid->eni", x, experts.gate_up).chunk(2, dim=-1)  # [E, N, I] each
     out = torch.einsum("eni,edi->end", F.silu(gate) * up, experts.down)  # [E, N, H]
     return torch.einsum("end,ne->nd", out.float(), dense).to(x.dtype)

@@ -15,6 +15,7 @@ from greedy import assert_greedy_equal
 from streamlit.testing.v1 import AppTest
 
 from engine.config import DTYPES, DecodeConfig
+from engine.drafters import REGISTRY
 from engine.kdtr import read_kdtr
 from engine.session import decode
 from profiling.sweep import DEFAULT_BUDGETS
@@ -133,7 +134,7 @@ def test_sidebar_offers_cuda_only_when_available_and_every_dtype():
     at = start()
     assert at.sidebar.selectbox(key="device").options == (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     assert at.sidebar.selectbox(key="dtype").options == list(DTYPES)
-    assert at.sidebar.selectbox(key="drafter").options == ["oracle"]
+    assert at.sidebar.selectbox(key="drafter").options == list(REGISTRY)
 
 
 def test_typed_prompt_is_validated_and_used(tiny_checkpoint):

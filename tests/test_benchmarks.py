@@ -89,24 +89,34 @@ def test_bench_decode_quick_cpu(decode_run):
     stdout, data, md = decode_run
     check_header(stdout, data, "bench_decode")
     plan, rows = data["plan"], data["rows"]
-    assert [(r["mode"], r["budget"], r["noise"]) for r in rows] == [("AR", 0, None)] + [
-        ("DDTree", b, n) for n in plan["noises"] for b in plan["budgets"]]
+    assert [(r["mode"], r["drafter"], r["budget"], r["noise"]) for r in rows] == [("AR", None, 0, None)] + [
+        ("DDTree", "oracle", b, n) for n in plan["noises"] for b in plan["budgets"]] + [
+        ("chain", "dflash", None, None)] + [("DDTree", "dflash", b, None) for b in plan["budgets"]]
     assert_positive(data, "prefill_ms", "ar_floor_ms", "weight_bytes_per_step")
     for r in rows:
         assert_positive(r, "eager_step_ms", "eager_tokens_per_s", "speedup_eager", "step_over_ar_eager",
                         "tau_eager", "profiled_step_ms")
         assert r["graph_step_ms"] is None  # no CUDA graphs on the CPU
-        assert r["tokens_match_ar"] is True  # greedy-exact: DDTree commits the AR tokens
-        assert 1 <= r["tau_eager"] <= plan["block_size"]
+        assert r["tokens_match_ar"] is True  # greedy-exact: every drafter's decode commits the AR tokens
+        block_size = plan["dflash_block_size"] if r["drafter"] == "dflash" else plan["block_size"]
+        assert 1 <= r["tau_eager"] <= block_size
         assert r["eager_tokens_per_s"] == pytest.approx(r["tau_eager"] / r["eager_step_ms"] * 1e3)
         share = r["stage_share"]
         assert 0 < share["verify"] <= 1 and share["verify_attn"] > 0
-        top_level = ("draft", "tree_build", "verify", "tree_accept", "kv_compact", "commit")
+        top_level = ("draft", "draft_update", "tree_build", "verify", "tree_accept", "kv_compact", "commit")
         assert sum(share[k] for k in top_level) <= 1 + 1e-6  # disjoint parts of the step
+        assert share["drafter"] == pytest.approx(share["draft"] + share["draft_update"])
     assert rows[0]["tau_eager"] == 1 and rows[0]["stage_share"]["tree_build"] == 0
+    assert rows[0]["stage_share"]["drafter"] == 0, "AR has no drafter"
     exact = [r for r in rows if r["noise"] == 0.0]
     assert all(r["tau_eager"] == plan["block_size"] for r in exact)  # the exact oracle is accepted in full
-    assert "## steps" in md and "DDTree" in stdout
+    learned = [r for r in rows if r["drafter"] == "dflash"]
+    assert all(r["stage_share"]["draft"] > 0 and r["stage_share"]["draft_update"] > 0 for r in learned)
+    layout = data["dflash"]
+    assert layout["num_hidden_layers"] == plan["dflash_layers"] and layout["block_size"] == plan["dflash_block_size"]
+    assert layout["target_layer_ids"] == list(range(data["model"]["num_hidden_layers"]))
+    assert layout["hidden_size"] == data["model"]["hidden_size"] and layout["mask_token_id"] == 510
+    assert "## steps" in md and "DDTree" in stdout and "dflash chain:" in stdout
 
 
 def test_cuda_request_without_gpu_is_a_clear_error(tmp_path):
@@ -155,3 +165,19 @@ def test_time_wall_and_tables():
     assert 0 < t.p10_us <= t.median_us <= t.p90_us and t.method == "wall" and t.num_sets == 2
     table = markdown_table([{"a": 1.23456, "b": None}], [Column("a", "A", "{:.2f}"), Column("b", "B")])
     assert table.splitlines() == ["| A | B |", "|---:|---:|", "| 1.23 | - |"]
+
+
+def test_the_benchmarks_learned_drafter_has_kimi_k25_widths_on_k2_mini():
+    from benchmarks.bench_decode import dflash_layout, k2_mini
+    from benchmarks.decode_steps import Plan
+    from engine.dflash.fixtures import kimi_k25_layout
+    from engine.dflash.tensors import tensor_shapes
+
+    layers = int(np.random.default_rng().integers(1, 7))
+    layout = dflash_layout(k2_mini(), Plan(256, (16,), (0.0,), 16, 1, 1, 1, dflash_layers=layers, dflash_block_size=8))
+    kimi = kimi_k25_layout()
+    shapes, kimi_shapes = tensor_shapes(layout), tensor_shapes(kimi)
+    assert all(shapes[f"layers.0.{n}"] == kimi_shapes[f"layers.0.{n}"] for n in ("self_attn.q_proj.weight",
+               "self_attn.k_proj.weight", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.down_proj.weight"))
+    assert layout.num_hidden_layers == layers and layout.block_size == 8 and layout.target_layer_ids == (0, 1)
+    assert layout.mask_token_id == kimi.mask_token_id and layout.vocab_size == kimi.vocab_size

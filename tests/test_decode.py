@@ -214,7 +214,7 @@ def test_rope_tables_are_sized_by_the_run_not_by_the_config(tiny):
     ckpt, _ = tiny
     import dataclasses
 
-    huge = dataclasses.replace(ckpt, config=dataclasses.replace(ckpt.config, max_position_embeddings=10**8))
+    huge = dataclasses.replace(ckpt, config=dataclasses.replace(ckpt.config, max_position_embeddings=10**6))
     cfg = DecodeConfig(max_new_tokens=np.random.default_rng().integers(2, 30), block_size=6)
     dec = ARDecoder(TargetModel.from_checkpoint(huge), ckpt.prompt.tolist(), cfg)
     reach = len(ckpt.prompt) + cfg.max_new_tokens + cfg.block_size

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from engine.__main__ import main as cli_main
 from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
+from engine.drafters import DrafterSpec
 from engine.fixtures import random_weights, tiny_config
 from engine.hf import HFLoadError, read_hf_dir
 from engine.kdtr import read_kdtr
@@ -73,7 +74,7 @@ def test_an_fp8_model_decodes_as_its_dequantized_weights(fp8_dir):
     ckpt = read_hf_dir(path)
     prompt = np.random.default_rng().integers(0, ckpt.config.vocab_size, 6).tolist()
     cfg = DecodeConfig(budget=8, block_size=4, max_new_tokens=6)
-    ours = decode(ckpt, prompt, cfg, "ddtree", noise=0.3)
+    ours = decode(ckpt, prompt, cfg, "ddtree", DrafterSpec(noise=0.3))
     theirs = decode(Checkpoint(ckpt.config, reference, "numpy"), prompt, cfg, "ar")
     assert ours.tokens == theirs.tokens
     np.testing.assert_array_equal(decode(ckpt, prompt, cfg, "ar").logits, theirs.logits)

@@ -46,7 +46,12 @@ def exact_distribution(logits: np.ndarray, temperature: float, top_k: int, top_p
 
 
 def chi_square_z(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Wilson-Hilferty z-score of Pearson's chi-square over bins with expected counts >= 5 (the rest pooled)."""
+    """Wilson-Hilferty z-score of Pearson's chi-square over the support's bins with expected counts >= 5 (the
+    rest pooled); 0 for a single-token support (every draw in it is checked by the caller)."""
+    counts, probs = counts[probs > 0], probs[probs > 0]
+    if len(probs) < 3:
+        return 0.0 if len(probs) == 1 else abs(counts[0] - probs[0] * counts.sum()) / math.sqrt(
+            counts.sum() * probs[0] * probs[1])
     n = counts.sum()
     expected = probs * n
     big = expected >= 5

@@ -10,6 +10,8 @@ import torch
 from engine.checkpoint import Checkpoint
 from engine.cli_options import TREES
 from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MIN_BLOCK_SIZE, DecodeConfig
+from engine.dflash import check_fits, dflash_dir_beside, read_dflash_dir
+from engine.dflash.fit import block_size_note
 from engine.drafters import REGISTRY, DrafterSpec
 from engine.session import parse_prompt
 from ui import resources
@@ -122,9 +124,13 @@ def _prompt(vocab_size: int, fixture_prompt: list[int] | None) -> tuple[int, ...
 
 
 def _drafter() -> DrafterSpec | None:
-    """The drafter and the settings its registry entry reads; None (with the error shown) while they are bad."""
+    """The drafter and the settings its registry entry reads; None (with the error shown) while they are bad. A
+    drafter checkpoint box left empty, or still holding the last directory filled in for another target, is
+    filled with the DFlash directory beside the target (engine.dflash.dflash_dir_beside), if it has one. A
+    checkpoint is checked as it is typed: the loader's and the fit's errors show here, and decoding waits."""
     st.header("Drafter")
-    name = st.selectbox("Drafter", list(REGISTRY), key="drafter", help=REGISTRY[st.session_state.drafter].summary)
+    ss = st.session_state
+    name = st.selectbox("Drafter", list(REGISTRY), key="drafter", help=REGISTRY[ss.drafter].summary)
     fields = REGISTRY[name].fields
     values = {}
     if "noise" in fields:
@@ -134,14 +140,27 @@ def _drafter() -> DrafterSpec | None:
     if "seed" in fields:
         values["seed"] = int(st.number_input("Seed", min_value=0, step=1, key="seed",
                                              help="Seeds the drafter's distractors."))
+    target = checkpoint(ss.model)
     if "model" in fields:
+        if ss.drafter_model in ("", ss.get("drafter_model_filled")):
+            beside = dflash_dir_beside(target.source)
+            ss.drafter_model = ss.drafter_model_filled = "" if beside is None else str(beside)
         values["model"] = st.text_input("Drafter checkpoint", key="drafter_model",
-                                        help="A DFlash checkpoint directory on this server.").strip()
+                                        help="A DFlash checkpoint directory on this server (config.json + "
+                                             "safetensors, z-lab's layout); filled in when the target has one "
+                                             "beside it: <target dir>/dflash/ or <target>-dflash/.").strip()
     try:
-        return DrafterSpec(name, **values)
+        spec = DrafterSpec(name, **values)
+        if spec.model is not None:
+            drafter = read_dflash_dir(spec.model)
+            check_fits(drafter.config, target.config, drafter.source)
+            note = block_size_note(drafter.config, ss.block_size)
+            if note is not None:
+                st.warning(f"Drafter: {note}.")
     except ValueError as exc:
         st.error(f"Drafter: {exc}")
         return None
+    return spec
 
 
 def sidebar() -> Settings | None:

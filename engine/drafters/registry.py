@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import ConfigError
-from . import oracle
+from . import dflash, oracle
 from .base import Drafter, DraftTarget
 
 
@@ -59,6 +59,7 @@ class DrafterEntry:
 
 REGISTRY: dict[str, DrafterEntry] = {
     "oracle": DrafterEntry(oracle.SUMMARY, ("noise", "seed"), oracle.build),
+    "dflash": DrafterEntry(dflash.SUMMARY, ("model",), dflash.build),
 }
 
 

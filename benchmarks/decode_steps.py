@@ -1,0 +1,144 @@
+"""How bench_decode measures one decoder: eager steps timed with CUDA events (perf_counter on the CPU), steps with
+the stage timers on for each stage's share, and CUDA-graph replays on a second decoder; the tokens each one
+committed, for the greedy-exact check. The steps run through the decoder's device path (Decoder.advance /
+capture_graph): the per-step record is host bookkeeping outside what is measured."""
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from engine.decode import Decoder
+from engine.timers import StepTimer
+
+from .common import guarded
+
+STAGES = {  # table column -> collapsed StepTimer range names whose times add up to it
+    "draft": ["step/draft"], "draft_update": ["step/draft_update"], "drafter": ["step/draft", "step/draft_update"],
+    "tree_build": ["step/tree_build"], "verify": ["step/verify"],
+    "verify_attn": ["step/verify/layer*/attn/verify_attn"], "attn_total": ["step/verify/layer*/attn"],
+    "ffn": ["step/verify/layer*/mlp", "step/verify/layer*/moe"], "lm_head": ["step/verify/lm_head"],
+    "tree_accept": ["step/tree_accept"], "kv_compact": ["step/kv_compact"], "commit": ["step/commit"],
+}
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    prompt_len: int
+    budgets: tuple[int, ...]
+    noises: tuple[float, ...]
+    block_size: int
+    warmup: int  # eager steps before timing (and graph replays after the capture)
+    num_steps: int  # timed steps per decoder and mode
+    num_profiled: int  # steps with the stage timers on
+    dflash_layers: int  # the learned drafter's layers
+    dflash_block_size: int  # the block it drafts (Kimi-K2.5-DFlash's: 8)
+
+    @property
+    def max_dd_steps(self) -> int:
+        return max(self.warmup + self.num_steps + self.num_profiled, 2 * self.warmup + self.num_steps)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Enough for every DDTree decoder, each step committing at most block_size tokens."""
+        return 1 + self.block_size * self.max_dd_steps
+
+
+def time_steps(step: Callable[[], object], num_steps: int, device: torch.device) -> list[float]:
+    """ms per step: CUDA events around each step on a GPU, perf_counter on the CPU."""
+    if device.type != "cuda":
+        out = []
+        for _ in range(num_steps):
+            start = time.perf_counter_ns()
+            step()
+            out.append((time.perf_counter_ns() - start) / 1e6)
+        return out
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(num_steps)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+@dataclass(slots=True)
+class Steps:
+    """Timed steps of one decoder in one mode."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    tau: float  # tokens committed per timed step
+
+    @classmethod
+    def measure(cls, dec: Decoder, step: Callable[[], object], num_steps: int) -> Steps:
+        before = int(dec.num_generated)
+        samples = time_steps(step, num_steps, dec.model.device)
+        p10, p50, p90 = np.percentile(samples, [10, 50, 90])
+        return cls(float(p50), float(p10), float(p90), (int(dec.num_generated) - before) / num_steps)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tau / self.median_ms * 1e3
+
+
+def eager_and_profile(dec: Decoder, plan: Plan) -> tuple[Steps, dict[str, float]]:
+    """Timed eager steps, then steps with the stage timers on: mean ms per range ("layerN" -> "layer*")."""
+    device = dec.model.device
+    for _ in range(plan.warmup):
+        dec.advance()
+    eager = Steps.measure(dec, dec.advance, plan.num_steps)
+    dec.timer = StepTimer(device)
+    stage_ms: dict[str, float] = {}
+    for _ in range(plan.num_profiled):
+        with dec.timer.range("step"):
+            dec.advance()
+        for name, ns in dec.timer.results_ns().items():
+            key = re.sub(r"layer\d+", "layer*", name)
+            stage_ms[key] = stage_ms.get(key, 0.0) + ns / 1e6 / plan.num_profiled
+    dec.timer = StepTimer(device, enabled=False)
+    return eager, stage_ms
+
+
+def graph_steps(dec: Decoder, plan: Plan) -> dict:
+    for _ in range(plan.warmup):
+        dec.advance()
+    dec.capture_graph()
+    for _ in range(plan.warmup):
+        dec.advance()
+    return {"steps": Steps.measure(dec, dec.advance, plan.num_steps), "generated": committed(dec)}
+
+
+def committed(dec: Decoder) -> list[int]:
+    return dec.generated[: int(dec.num_generated)].cpu().tolist()
+
+
+def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool) -> dict:
+    """Eager + profiled steps on one decoder, graph replays on a second (CUDA only); the tokens each committed.
+    A failed graph capture leaves the eager numbers standing (graph_error says why)."""
+    dec = make(False)
+    eager, stage_ms = eager_and_profile(dec, plan)
+    generated = [committed(dec)]
+    del dec
+    graph, graph_error = None, None
+    if cuda:
+        replayed = guarded({}, lambda: graph_steps(make(True), plan))
+        graph, graph_error = replayed.get("steps"), replayed.get("error")
+        generated += [replayed["generated"]] if graph else []
+        torch.cuda.empty_cache()
+    step_ms = stage_ms["step"]
+    return {
+        "eager": asdict(eager), "graph": asdict(graph) if graph else None, "generated": generated,
+        "graph_error": graph_error,
+        "eager_step_ms": eager.median_ms, "graph_step_ms": graph.median_ms if graph else None,
+        "tau_eager": eager.tau, "tau_graph": graph.tau if graph else None,
+        "eager_tokens_per_s": eager.tokens_per_s, "graph_tokens_per_s": graph.tokens_per_s if graph else None,
+        "profiled_step_ms": step_ms, "stage_ms": stage_ms,
+        "stage_share": {col: sum(stage_ms.get(n, 0.0) for n in names) / step_ms for col, names in STAGES.items()},
+    }

@@ -1,0 +1,158 @@
+"""Text <-> token ids: a byte-level BPE tokenizer (Hugging Face `tokenizers`), stored as tokenizer.json.
+
+Byte-level means every string round-trips: the pre-tokenizer maps each UTF-8 byte to one printable character
+(GPT-2's table) before BPE, so no input is unknown and decode(encode(text)) == text. `piece(id)` turns a
+token back into the bytes it stands for and renders them for display, whitespace and stray bytes made visible.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from functools import cache
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+TOKENIZER_FILE = "tokenizer.json"
+END_OF_TEXT = "<|endoftext|>"  # separates documents in the training stream; id 0 in a tokenizer train_bpe made
+VISIBLE_WHITESPACE = {" ": "·", "\n": "↵", "\t": "→"}
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file is missing or unusable, or a token id is outside the vocabulary."""
+
+
+@cache
+def _unicode_to_byte() -> dict[str, int]:
+    """The inverse of GPT-2's bytes_to_unicode, the table ByteLevel uses: printable bytes map to themselves,
+    the other 68 to U+0100 onwards in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    for n, b in enumerate(b for b in range(256) if b not in chars):
+        chars[b] = chr(256 + n)
+    return {c: b for b, c in chars.items()}
+
+
+def _render(data: bytes) -> str:
+    """Bytes as display text: valid UTF-8 characters as themselves, space/newline/tab as visible marks, any other
+    unprintable character and any byte that is not valid UTF-8 on its own as <0xNN> per byte."""
+    out, i = [], 0
+    while i < len(data):
+        for width in (1, 2, 3, 4):  # the shortest slice that decodes is the character starting at i
+            try:
+                ch = data[i:i + width].decode("utf-8")
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append(f"<0x{data[i]:02X}>")
+            i += 1
+            continue
+        if ch in VISIBLE_WHITESPACE:
+            out.append(VISIBLE_WHITESPACE[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.extend(f"<0x{b:02X}>" for b in data[i:i + width])
+        i += width
+    return "".join(out)
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer: encode, decode, per-token display pieces, save."""
+
+    def __init__(self, hf: HFTokenizer, source: str) -> None:
+        self._hf = hf
+        self.source = source
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        self._special = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """From a tokenizer.json file or a model directory holding one."""
+        path = Path(path)
+        file = path / TOKENIZER_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise TokenizerError(f"{file}: no such file; pass a tokenizer.json or a model directory holding one")
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TokenizerError(f"{file}: not valid JSON ({exc}); re-create it with train_bpe or copy an intact "
+                                 "one") from exc
+        model = data.get("model") if isinstance(data, dict) else None
+        decoder = data.get("decoder") if isinstance(data, dict) else None
+        model_type = model.get("type") if isinstance(model, dict) else None
+        decoder_type = decoder.get("type") if isinstance(decoder, dict) else None
+        if model_type != "BPE" or decoder_type != "ByteLevel":
+            raise TokenizerError(f"{file}: model {model_type!r} with decoder {decoder_type!r}; expected a byte-level "
+                                 "BPE tokenizer (model BPE, decoder ByteLevel)")
+        try:
+            hf = HFTokenizer.from_str(json.dumps(data))
+        except Exception as exc:  # tokenizers raises a plain Exception for a malformed file
+            raise TokenizerError(f"{file}: not a valid tokenizer.json ({exc}); re-create it with train_bpe or copy "
+                                 "an intact one") from exc
+        return cls(hf, str(file))
+
+    @property
+    def end_of_text_id(self) -> int | None:
+        """The id of END_OF_TEXT, or None if this vocabulary has no such token."""
+        return self._hf.token_to_id(END_OF_TEXT)
+
+    def encode(self, text: str) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """encode() of each text, computed in parallel."""
+        return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [self._checked(i) for i in ids]
+        return self._hf.decode(ids, skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (a special token: its text in UTF-8)."""
+        token = self._hf.id_to_token(self._checked(token_id))
+        if token in self._special:
+            return token.encode("utf-8")
+        table = _unicode_to_byte()
+        return bytes(table[c] for c in token)
+
+    def piece(self, token_id: int) -> str:
+        """The token's text for display: "·" a space, "↵" a newline, "→" a tab, "<0xNN>" a byte that is not
+        valid UTF-8 on its own (part of a longer character) or an unprintable character; special tokens as-is."""
+        token = self._hf.id_to_token(self._checked(token_id))
+        return token if token in self._special else _render(self.token_bytes(token_id))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write tokenizer.json into directory (created if needed); returns the file."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        file = directory / TOKENIZER_FILE
+        self._hf.save(str(file))
+        return file
+
+    def _checked(self, token_id: int) -> int:
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < self.vocab_size:
+            raise TokenizerError(f"token id {token_id!r} is outside the vocabulary [0, {self.vocab_size}) of "
+                                 f"{self.source}")
+        return token_id
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
+              special_tokens: Sequence[str] = (END_OF_TEXT,)) -> Tokenizer:
+    """Train a byte-level BPE tokenizer on texts (deterministic: the same texts give the same tokenizer).
+
+    The vocabulary holds special_tokens first (ids 0, 1, ...), then the 256 byte symbols, then the merges."""
+    min_vocab = len(special_tokens) + 256
+    if not isinstance(vocab_size, int) or vocab_size < min_vocab:
+        raise TokenizerError(f"vocab_size={vocab_size!r}: a byte-level BPE needs at least {min_vocab} "
+                             f"(256 byte symbols + {len(special_tokens)} special tokens)")
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+                                  special_tokens=list(special_tokens),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator(texts, trainer=trainer)
+    return Tokenizer(hf, f"train_bpe(vocab_size={vocab_size})")

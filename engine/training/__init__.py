@@ -1,0 +1,1 @@
+"""Training the target model on text: the trainable module, batched greedy generation and `train-target`."""

@@ -1,0 +1,60 @@
+"""Batched greedy generation with TargetLM: the target's own continuations of many prompts at once (the
+drafter's training data), through an incremental cache of expanded per-head K/V."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .target_model import KVCache, TargetLM
+
+AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+@torch.no_grad()
+def greedy_generate(model: TargetLM, prompts: torch.Tensor, num_new: int, batch_size: int = 1024,
+                    dtype: str = "float32") -> torch.Tensor:
+    """prompts [N, P] int64 on the model's device -> the greedy continuation [N, num_new] int64: token j is the
+    argmax (lowest id on ties) after the prompt and tokens 0..j-1. Prompts run batch_size at a time; dtype
+    "bfloat16" runs the matmuls under bf16 autocast (the weights stay as they are)."""
+    if prompts.dim() != 2 or prompts.shape[1] < 1:
+        raise ValueError(f"prompts must be [N, P] with P >= 1, got shape {tuple(prompts.shape)}")
+    if num_new < 1:
+        raise ValueError(f"num_new={num_new}: expected at least 1 token to generate")
+    total = prompts.shape[1] + num_new - 1
+    if total > model.cfg.max_position_embeddings:
+        raise ValueError(f"a prompt of {prompts.shape[1]} tokens + {num_new} new tokens needs {total} positions; "
+                         f"the model has max_position_embeddings={model.cfg.max_position_embeddings}")
+    if dtype not in AUTOCAST_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {tuple(AUTOCAST_DTYPES)}")
+    autocast = (torch.autocast(device_type=prompts.device.type, dtype=AUTOCAST_DTYPES[dtype])
+                if AUTOCAST_DTYPES[dtype] else contextlib.nullcontext())
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast:
+            return torch.cat([_generate(model, chunk, num_new, total) for chunk in prompts.split(batch_size)])
+    finally:
+        model.train(was_training)
+
+
+def _generate(model: TargetLM, prompts: torch.Tensor, num_new: int, capacity: int) -> torch.Tensor:
+    cache = KVCache(model.cfg.num_hidden_layers, capacity)
+    out = torch.empty(prompts.shape[0], num_new, dtype=torch.int64, device=prompts.device)
+    token = model(prompts, logits_from=-1, cache=cache).logits[:, -1].argmax(-1)  # [B]
+    out[:, 0] = token
+    for j in range(1, num_new):
+        start = prompts.shape[1] + j - 1
+        token = model(token[:, None], logits_from=-1, cache=cache, start=start).logits[:, -1].argmax(-1)
+        out[:, j] = token
+    return out
+
+
+def distinct_ngram_rate(tokens: torch.Tensor, n: int = 4) -> float:
+    """Distinct n-grams over all n-grams of each row of tokens [N, L], averaged over rows: 1.0 never repeats
+    itself, a loop of period p tends to p / (L - n + 1)."""
+    rows = tokens.tolist()
+    if not rows or len(rows[0]) < n:
+        raise ValueError(f"need rows of at least n={n} tokens, got shape {tuple(tokens.shape)}")
+    rates = [len({tuple(r[i:i + n]) for i in range(len(r) - n + 1)}) / (len(r) - n + 1) for r in rows]
+    return sum(rates) / len(rates)

@@ -1,0 +1,319 @@
+"""The trainable target (engine/training) against the engine, and `train-target` end to end on the CPU.
+
+The module's float32 logits must equal the numpy golden model's and the engine's absorbed-MLA model's on the
+checkpoint it saves (loaded by engine.hf, no conversion), its hidden states transformers' numbering, and its
+batched cached greedy generation the engine's AR decode. Then the tiny recipe trains, saves, loads in the
+engine and decodes; a paused and resumed run equals an uninterrupted one; bad options fail clearly.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import shutil
+import sysconfig
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine import reference
+from engine.__main__ import main as cli_main
+from engine.cache import LatentCache
+from engine.config import DecodeConfig, ModelConfig
+from engine.fixtures import random_weights, tiny_config
+from engine.hf import read_hf_dir
+from engine.loading import load_model
+from engine.model import TargetModel
+from engine.session import decode
+from engine.text import Tokenizer
+from engine.training.data import WindowSampler, eval_windows
+from engine.training.export import save_hf_dir
+from engine.training.generate import distinct_ngram_rate, greedy_generate
+from engine.training.loop import Trainer
+from engine.training.recipe import PRESETS
+from engine.training.target_model import TargetLM, update_router_biases
+from engine.weights import weight_shapes
+from tests.greedy import assert_greedy_equal
+
+YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 0.8}
+VARIANTS = {
+    "qlora_dense1_groups": {},
+    "qproj_moe0_unnormed": dict(q_lora_rank=None, first_k_dense_replace=0, rope_interleave=False,
+                                norm_topk_prob=False, n_group=1, topk_group=1),
+    "yarn_tied_noshared": dict(rope_scaling=YARN, tie_word_embeddings=True, n_shared_experts=0),
+}
+
+
+def variant_config(name: str) -> ModelConfig:
+    return ModelConfig(**{**tiny_config().to_dict(), **VARIANTS[name]})
+
+
+def module_with_weights(cfg: ModelConfig, seed: int) -> TargetLM:
+    """A TargetLM holding the fixture generator's seeded weights (peaked logits, non-zero router biases)."""
+    model = TargetLM(cfg)
+    model.load_state_dict({name: torch.from_numpy(w) for name, w in random_weights(cfg, seed).items()})
+    return model.eval()
+
+
+def saved_and_loaded(model: TargetLM, directory: Path):
+    save_hf_dir(model, directory, "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the engine takes our config.json and tensors without a remark
+        return read_hf_dir(directory)
+
+
+def test_parameters_carry_the_engine_weight_names():
+    for name in VARIANTS:
+        cfg = variant_config(name)
+        state = TargetLM(cfg).state_dict()
+        assert {k: tuple(v.shape) for k, v in state.items()} == weight_shapes(cfg)
+        params = dict(TargetLM(cfg).named_parameters())
+        assert not [k for k in params if k.endswith("e_score_correction_bias")], "the router bias is not trained"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_equal_golden_and_engine(variant, tmp_path):
+    cfg = variant_config(variant)
+    seed = int(np.random.default_rng().integers(1 << 30))
+    model = module_with_weights(cfg, seed)
+    ckpt = saved_and_loaded(model, tmp_path)
+    tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, size=(2, 24))
+    with torch.no_grad():
+        ours = model(torch.from_numpy(tokens)).logits.double().numpy()  # [2, 24, V]
+    engine_model = TargetModel.from_checkpoint(ckpt)
+    n = tokens.shape[1]
+    for row, ids in enumerate(tokens):
+        golden = reference.forward_logits(cfg, ckpt.numpy_weights(), ids.tolist())
+        np.testing.assert_allclose(ours[row], golden, atol=1e-4, rtol=0, err_msg=f"seed {seed}")
+        cache = LatentCache(cfg.num_hidden_layers, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, "cpu", torch.float32,
+                            engine_model.rope(n))
+        engine_logits, _ = engine_model.forward(torch.from_numpy(ids), torch.arange(n),
+                                                torch.ones(n, n, dtype=torch.bool).tril(), cache)  # a causal prefill
+        np.testing.assert_allclose(ours[row], engine_logits.numpy(), atol=1e-4, rtol=0, err_msg=f"seed {seed}")
+
+
+def test_hidden_states_follow_transformers_numbering(tmp_path):
+    from transformers import DeepseekV3ForCausalLM
+
+    cfg = variant_config("qlora_dense1_groups")
+    model = module_with_weights(cfg, seed=3)
+    save_hf_dir(model, tmp_path, "float32")
+    hf = DeepseekV3ForCausalLM.from_pretrained(tmp_path).eval()
+    tokens = torch.from_numpy(np.random.default_rng(4).integers(0, cfg.vocab_size, size=(2, 16)))
+    layers = list(range(cfg.num_hidden_layers))
+    with torch.no_grad():
+        ours = model(tokens, hidden_layers=layers)
+        theirs = hf(tokens, output_hidden_states=True)
+    for i in layers:
+        torch.testing.assert_close(ours.hidden[i], theirs.hidden_states[i + 1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours.logits, theirs.logits, atol=1e-4, rtol=1e-4)
+    assert model(tokens, logits_from=None).logits is None
+
+
+def test_batched_greedy_generation_equals_engine_ar(tmp_path):
+    cfg = variant_config("qlora_dense1_groups")
+    seed = int(np.random.default_rng().integers(1 << 30))
+    model = module_with_weights(cfg, seed)
+    ckpt = saved_and_loaded(model, tmp_path)
+    engine_model = TargetModel.from_checkpoint(ckpt)
+    prompts = np.random.default_rng(seed).integers(0, cfg.vocab_size, size=(5, 7))
+    ours = greedy_generate(model, torch.from_numpy(prompts), num_new=16, batch_size=2)  # chunks of 2, 2, 1
+    for prompt, tokens in zip(prompts.tolist(), ours.tolist(), strict=True):
+        ar = decode(ckpt, prompt, DecodeConfig(max_new_tokens=16, budget=0), "ar", model=engine_model)
+        assert_greedy_equal(ar.tokens, ar.logits, tokens)
+
+
+def test_bias_balancing_moves_toward_the_mean_load():
+    cfg = variant_config("qlora_dense1_groups")
+    model = module_with_weights(cfg, seed=5)
+    tokens = torch.from_numpy(np.random.default_rng(6).integers(0, cfg.vocab_size, size=(4, 32)))
+    with torch.no_grad():
+        loads = model(tokens).expert_loads  # [MoE layers, E]
+    assert loads.shape == (cfg.num_hidden_layers - cfg.first_k_dense_replace, cfg.n_routed_experts)
+    assert (loads.sum(1) == tokens.numel() * cfg.num_experts_per_tok).all()
+    routers = [layer.mlp.gate for layer in model.model.layers if cfg.is_moe_layer(layer.index)]
+    before = [r.e_score_correction_bias.clone() for r in routers]
+    update_router_biases(model, loads, speed=0.01)
+    for router, old, load in zip(routers, before, loads.float(), strict=True):
+        expected = old + 0.01 * torch.sign(load.mean() - load)
+        torch.testing.assert_close(router.e_score_correction_bias, expected)
+
+
+def test_distinct_ngram_rate():
+    assert distinct_ngram_rate(torch.arange(20)[None]) == 1.0
+    loop = torch.tensor([[1, 2] * 10])  # period 2: two distinct 4-grams among 17
+    assert distinct_ngram_rate(loop) == pytest.approx(2 / 17)
+
+
+# ---------------------------------------------------------------------------------------------- train-target
+
+def train(capsys, *argv: str) -> tuple[int, str]:
+    code = cli_main(["train-target", *argv])
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny preset, as shipped, on this CPU: the real corpus, BPE training included."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    err = io.StringIO()  # a module-scoped fixture cannot take capsys
+    with contextlib.redirect_stderr(err):
+        code = cli_main(["train-target", "--out", str(out), "--preset", "tiny", "--device", "cpu"])
+    assert code == 0, err.getvalue()
+    return out, err.getvalue()
+
+
+def test_tiny_recipe_learns_and_the_engine_decodes_it(tiny_run):
+    out, log = tiny_run
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                     "training.json"]  # checkpoints are gone once finished
+    report = json.loads((out / "training.json").read_text())
+    losses = [entry["train_loss"] for entry in report["intervals"]]
+    assert losses[0] - losses[-1] > 1.0, losses
+    assert report["final_val_loss"] < np.log(report["tokenizer"]["vocab_size"]) - 1.5
+    assert report["steps"] == 300 and report["tokens_seen"] == 300 * 12 * 160
+    assert "step 300/300" in log and "tok/s" in log and "\r" not in log  # a plain line per interval off a TTY
+
+    ckpt = load_model(out)
+    tokenizer = Tokenizer.load(out)
+    assert ckpt.config.vocab_size == tokenizer.vocab_size
+    model = TargetLM(ckpt.config)
+    model.load_state_dict({k: v.float() for k, v in load_file(out / "model.safetensors").items()})
+    prompt = tokenizer.encode("def main(argv):\n    parser = ")
+    ar = decode(ckpt, prompt, DecodeConfig(max_new_tokens=24, budget=0), "ar")
+    ours = greedy_generate(model, torch.tensor([prompt]), num_new=24)[0].tolist()
+    assert_greedy_equal(ar.tokens, ar.logits, ours)
+    assert isinstance(tokenizer.decode(ar.tokens), str)
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """Forty standard-library files: enough for a few steps, quick to tokenize."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    folder = tmp_path_factory.mktemp("corpus")
+    for path in sorted(root.glob("[a-m]*.py"))[:40]:
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+def test_resume_continues_exactly(tiny_run, small_corpus, tmp_path, capsys):
+    common = ["--preset", "tiny", "--device", "cpu", "--tokenizer", str(tiny_run[0] / "tokenizer.json"),
+              "--corpus-dir", str(small_corpus), "--steps", "12", "--log-every", "3", "--eval-every", "6",
+              "--checkpoint-every", "6", "--dropout", "0.1", "--save-dtype", "float32"]
+    assert train(capsys, "--out", str(tmp_path / "whole"), *common)[0] == 0
+    code, log = train(capsys, "--out", str(tmp_path / "parts"), *common, "--pause-at", "9")
+    assert code == 0 and "--resume" in log
+    assert [p.name for p in (tmp_path / "parts" / "checkpoints").iterdir()] == ["step-0000006.pt", "step-0000009.pt"]
+    assert train(capsys, "--out", str(tmp_path / "parts"), "--resume")[0] == 0
+    whole, parts = (load_file(tmp_path / d / "model.safetensors") for d in ("whole", "parts"))
+    assert all(torch.equal(whole[k], parts[k]) for k in whole)
+    reports = [json.loads((tmp_path / d / "training.json").read_text()) for d in ("whole", "parts")]
+    assert reports[0]["intervals"] == [{**e, "tokens_per_s": reports[0]["intervals"][i]["tokens_per_s"]}
+                                       for i, e in enumerate(reports[1]["intervals"])]
+    assert reports[1]["resumed_at"] == [9]
+
+    assert train(capsys, "--out", str(tmp_path / "other"), *common, "--seed", "1")[0] == 0
+    other = load_file(tmp_path / "other" / "model.safetensors")
+    assert not torch.equal(whole["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
+
+
+BAD_OPTIONS = [
+    (["--steps", "-5"], "steps=-5"),
+    (["--seq-len", "4096"], "max_position_embeddings"),
+    (["--eval-every", "7"], "multiple of log_every"),
+    (["--resume"], "holds no checkpoint"),
+    (["--resume", "--force"], "contradict"),
+    (["--pause-at", "7"], "--pause-at 7"),
+    (["--tokenizer", "/nonexistent/tokenizer.json"], "no such file"),
+    (["--corpus-dir", "/nonexistent"], "not a directory"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_OPTIONS, ids=[m for _, m in BAD_OPTIONS])
+def test_bad_options_fail_clearly(argv, message, tmp_path, capsys):
+    code, err = train(capsys, "--out", str(tmp_path / "run"), "--device", "cpu", *argv)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "run").exists(), "a refused run leaves nothing behind"
+
+
+def test_out_dir_conflicts_fail_clearly(tiny_run, tmp_path, capsys):
+    file = tmp_path / "file"
+    file.write_text("x")
+    code, err = train(capsys, "--out", str(file), "--device", "cpu")
+    assert code == 2 and "is a file" in err
+    before = {p.name: p.stat().st_mtime_ns for p in tiny_run[0].iterdir()}
+    code, err = train(capsys, "--out", str(tiny_run[0]), "--device", "cpu")
+    assert code == 2 and "finished run" in err and "--force" in err
+    code, err = train(capsys, "--out", str(tiny_run[0]), "--resume")
+    assert code == 2 and "nothing to resume" in err
+    assert {p.name: p.stat().st_mtime_ns for p in tiny_run[0].iterdir()} == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where torch sees no GPU")
+def test_cuda_without_a_gpu_fails_clearly(tmp_path, capsys):
+    code, err = train(capsys, "--out", str(tmp_path / "run"), "--device", "cuda")
+    assert code == 2 and "sees no CUDA GPU" in err
+
+
+# ---------------------------------------------------------------------------------------------- on a GPU
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+
+
+def showcase_model(device: str) -> TargetLM:
+    torch.manual_seed(0)
+    return TargetLM(PRESETS["showcase"].model_config(4096), dropout=0.1).to(device)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_training_steps_never_wait_for_the_device():
+    recipe = dataclasses.replace(PRESETS["showcase"], device="cuda")
+    stream = torch.randint(0, 4096, (200_000,), device="cuda")
+    trainer = Trainer(showcase_model("cuda"), recipe, WindowSampler(stream, recipe.seq_len, recipe.batch_size, 0),
+                      eval_windows(stream.cpu(), recipe.seq_len, 4))
+    losses = [trainer.train_step() for _ in range(3)]  # warm-up: cuBLAS handles, the first epoch's order
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        losses += [trainer.train_step() for _ in range(5)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.isfinite(loss) for loss in losses)
+    assert np.isfinite(trainer.validation_loss())
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_generation_of_the_drafter_data_is_quick():
+    model = showcase_model("cuda")
+    prompts = torch.randint(0, 4096, (2048, 64), device="cuda")
+    greedy_generate(model, prompts[:8], num_new=8, dtype="bfloat16")  # warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    tokens = greedy_generate(model, prompts, num_new=256, dtype="bfloat16")
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    print(f"2048 prompts x 256 new tokens: {seconds:.1f} s")
+    assert tokens.shape == (2048, 256) and seconds < 60
+    assert 0 <= int(tokens.min()) and int(tokens.max()) < 4096
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_runs_repeat_and_resume_exactly(small_corpus, tmp_path, capsys):
+    common = ["--preset", "tiny", "--device", "cuda", "--corpus-dir", str(small_corpus), "--steps", "20",
+              "--log-every", "5", "--eval-every", "10", "--checkpoint-every", "10", "--dropout", "0.1",
+              "--save-dtype", "float32"]
+    for name in ("first", "second"):
+        assert train(capsys, "--out", str(tmp_path / name), *common)[0] == 0
+    assert train(capsys, "--out", str(tmp_path / "parts"), *common, "--pause-at", "10")[0] == 0
+    assert train(capsys, "--out", str(tmp_path / "parts"), "--resume")[0] == 0
+    first, second, parts = (load_file(tmp_path / d / "model.safetensors") for d in ("first", "second", "parts"))
+    assert all(torch.equal(first[k], second[k]) and torch.equal(first[k], parts[k]) for k in first)

@@ -1,0 +1,40 @@
+"""The Profile page's drafter-health panel: engine.dflash.health's checks of the sidebar's DFlash drafter on the
+sidebar's target, prompt and decode settings, run on request (each check decodes the prompt again)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.dflash.health import OK, check_drafter
+from ui import resources
+from ui.settings import Settings, checkpoint
+
+
+def panel(s: Settings) -> None:
+    """Shown when the drafter is dflash; the last result is kept for as long as the settings stay the same."""
+    if s.drafter.name != "dflash":
+        return
+    st.subheader("Drafter health")
+    st.caption("Integration slips that lower acceptance without changing a token: the target layer ids against "
+               "ids shifted by -1 and +1, the mask token's embedding row, the RoPE the drafter uses, the block size "
+               "and the target's depth. CLI: `python -m engine drafter-check`.")
+    ss = st.session_state
+    if st.button("Check the drafter", icon=":material/health_and_safety:"):
+        with st.spinner("Decoding the prompt with the drafter and its variants..."):
+            try:
+                model = resources.target_model(s.model, checkpoint(s.model), s.device, s.dtype)
+                ss.drafter_health = (s, check_drafter(model, list(s.prompt), s.decode_config(), s.drafter.model,
+                                                      s.stepped_mode))
+            except ValueError as exc:
+                ss.drafter_health = None
+                st.error(f"{type(exc).__name__}: {exc}")
+    result = ss.get("drafter_health")
+    if result is None or result[0] != s:
+        return
+    checks = result[1]
+    warned = [c.name for c in checks if c.verdict != OK]
+    if warned:
+        st.warning(f"{len(warned)} of {len(checks)} checks warn: {', '.join(warned)}.")
+    else:
+        st.success(f"All {len(checks)} checks ok.")
+    st.dataframe([{"verdict": c.verdict, "check": c.name, "found": c.found, "rule": c.rule} for c in checks],
+                 hide_index=True, width="stretch")
