@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 
 import numpy as np
@@ -88,27 +88,35 @@ def dflash_layout(cfg: ModelConfig, plan: Plan) -> DFlashConfig:
                            target_layer_ids=tuple(range(cfg.num_hidden_layers)))
 
 
-def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> TargetModel:
-    """Weights drawn in dtype on the device: matrices with std 1/sqrt(fan_in), unit norms, a standard normal
-    embedding, and lm_head[perm[t]] = embed[t] / sqrt(hidden), so the greedy successor of t is perm[t]."""
+def target_tensors(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Weights drawn in dtype on the device, one at a time in weight_shapes order (so TargetModel stacks each
+    routed expert as it arrives and the device never holds the model twice): matrices with std 1/sqrt(fan_in),
+    unit norms, a standard normal embedding, and lm_head[perm[t]] = embed[t] / sqrt(hidden), so the greedy
+    successor of t is perm[t]."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    weights: dict[str, torch.Tensor] = {}
     head = lm_head_name(cfg)
+    embed = None
     for name, shape in weight_shapes(cfg).items():
         if name == head:
             continue
         if len(shape) == 1:
             w = (0.05 * torch.randn(shape, generator=gen, device=device) if name.endswith("correction_bias")
                  else torch.ones(shape, device=device))
-            weights[name] = w.to(dtype)
+            yield name, w.to(dtype)
             continue
         w = torch.randn(shape, generator=gen, device=device, dtype=dtype)
-        weights[name] = w if name == "model.embed_tokens.weight" else w.mul_(shape[1] ** -0.5)
-    embed = weights["model.embed_tokens.weight"]
+        if name == "model.embed_tokens.weight":
+            embed = w
+        yield name, w if name == "model.embed_tokens.weight" else w.mul_(shape[1] ** -0.5)
+        del w
     if head != "model.embed_tokens.weight":
         perm = torch.randperm(cfg.vocab_size, generator=gen, device=device)
-        weights[head] = torch.empty_like(embed).index_copy_(0, perm, embed * cfg.hidden_size ** -0.5)
-    return TargetModel(cfg, weights)
+        yield head, torch.empty_like(embed).index_copy_(0, perm, embed * cfg.hidden_size ** -0.5)
+
+
+def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> TargetModel:
+    return TargetModel(cfg, target_tensors(cfg, device, dtype, seed))
 
 
 def ddtree_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, drafter: OracleDrafter,

@@ -21,7 +21,7 @@ from .config import DecodeConfig
 from .drafters import Drafter
 from .model import ROW_BLOCK, TargetModel
 from .node_probs import node_probs
-from .records import MODES, RunRecord, StepRecord, TreeRecord
+from .records import MODES, ExpertTraffic, RunRecord, StepRecord, TreeRecord
 from .sampling import pick
 from .timers import StepTimer
 from .trees import chain_tree, root_tree
@@ -47,6 +47,7 @@ class _StepTensors:
     path_len: torch.Tensor
     bonus: torch.Tensor
     draft: torch.Tensor | None  # [L, V] draft log-probs (DDTree only)
+    experts_touched: torch.Tensor  # [num_moe_layers] distinct routed experts the verify chose
 
 
 class Decoder:
@@ -129,6 +130,7 @@ class Decoder:
         with t.range("verify"):
             logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers,
                                                 self.row_block)
+            experts_touched = self.model.experts_touched()
             target = pick(logits, prefix_len + depths + 1, self.cfg)  # node i chooses position i's + 1
         with t.range("tree_accept"):
             path, path_len, bonus = ops.tree_accept(tokens, parents, target, self.depth)
@@ -144,7 +146,7 @@ class Decoder:
         if self.drafter is not None:
             with t.range("draft_update"):
                 self.drafter.commit(path, path_len, hidden)
-        return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft)
+        return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft, experts_touched)
 
     def advance(self) -> _StepTensors:
         """One step on the device and nothing else: no host sync, no record (step() adds the record).
@@ -200,12 +202,15 @@ class Decoder:
         self.tokens.extend(committed)
         self.logits_rows.extend(st.logits.index_select(0, path_index).cpu().numpy())
         probs = node_probs(st.logits, st.tree, st.draft, self.cfg)
+        experts = (ExpertTraffic(st.experts_touched.tolist(), self.model.bytes_per_expert)
+                   if self.model.num_moe_layers else None)
         return StepRecord(
             index=len(self.steps), mode=self.mode, prefix_len=int(st.prefix_len),
             tree=TreeRecord(tokens=tokens.tolist(), parents=parents.tolist(), depths=depths.tolist(),
                             ranks=ranks.tolist(), scores=scores.tolist(), visibility=visibility.numpy()),
             target=target, logit_gap=(top2[:, 0] - top2[:, -1]).tolist(), path=path, bonus=int(st.bonus),
             committed=committed, timings_ns=self.timer.results_ns(), spans=self.timer.last_spans(), probs=probs,
+            experts=experts,
         )
 
     def run(self, on_step: Callable[[StepRecord], None] | None = None) -> RunRecord:

@@ -3,12 +3,12 @@
 Attention never materialises per-head K or V: q_nope is absorbed into the latent space through W_UK,
 ddtree.verify_attn attends over (c, rope(k_pe)) rows, and W_UV maps the latent output back per head.
 The same forward serves prefill (causal block), AR (one node) and tree verify (visibility mask).
-MoE runs every expert on every token and weights the outputs by the (mostly zero) routing weights:
-no data-dependent shapes, so a step needs no host sync and can be captured in a CUDA graph.
+MoE runs each token through its top-k routed experts only, as grouped GEMMs with static shapes (engine/moe.py), so a
+step needs no host sync and can be captured in a CUDA graph; every forward counts the experts its rows chose.
 """
 from __future__ import annotations
 
-import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -20,11 +20,13 @@ from kernels import ops
 from .cache import LatentCache
 from .checkpoint import Checkpoint
 from .config import LATENT_NORM_EPS, ModelConfig
+from .moe import ExpertLoad, Experts, default_path, dense_moe, route, sparse_moe, sparse_runs, stack_experts
 from .rope import rope_tables
 from .timers import StepTimer
 from .weights import lm_head_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MOE_PATHS = ("sparse", "dense")  # each token's top-k experts (engine/moe.py), or every expert: the reference
 ROW_BLOCK = 16  # rows per block in the batch-invariant mode: AR's single row is padded to one block
 _NULL_TIMER = StepTimer(enabled=False)
 
@@ -64,17 +66,37 @@ class _Attention:
 class TargetModel:
     """Weights on one device and dtype, plus the forward over a block of nodes."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                 moe: str | None = None) -> None:
+        """weights: by name, or a stream of (name, tensor) (WeightSource.tensors): from a stream each routed expert is
+        stacked as it arrives and dropped, so the device holds the model once. moe: one of MOE_PATHS; None picks
+        sparse where it runs without a host sync and pays (moe.default_path), else dense."""
         kernels.load()  # build or load the ops now, not inside the first (timed) prefill
         self.cfg = cfg
+        weights, experts = stack_experts(cfg, weights.items() if isinstance(weights, Mapping) else weights)
         self.device = weights["model.embed_tokens.weight"].device
         self.dtype = weights["model.embed_tokens.weight"].dtype
         self.embed = weights["model.embed_tokens.weight"]
         self.final_norm = weights["model.norm.weight"]
         self.lm_head = weights[lm_head_name(cfg)]
-        self.layers = [self._layer(weights, i) for i in range(cfg.num_hidden_layers)]
+        self.layers = [self._layer(weights, experts, i) for i in range(cfg.num_hidden_layers)]
         _, _, mscale = rope_tables(cfg, 1, self.device)
         self.scale = cfg.qk_head_dim ** -0.5 * mscale * mscale
+        self.moe_path = moe or default_path(self.device, self.dtype, cfg)
+        if self.moe_path not in MOE_PATHS:
+            raise ValueError(f"moe={moe!r}: expected one of {MOE_PATHS} or None (the faster one here)")
+        if self.moe_path == "sparse" and not sparse_runs(self.device, self.dtype, cfg):
+            raise ValueError("moe='sparse' needs hidden and expert widths a multiple of 16 bytes, and on CUDA "
+                             "bfloat16, compute capability 9.x or 10.x and fewer than 1024 experts; use 'dense'")
+        self.num_moe_layers = sum(layer["moe"] for layer in self.layers)
+        self.expert_load = ExpertLoad(self.num_moe_layers, cfg.n_routed_experts, self.device)
+        # one routed expert's gate, up and down weights: what each expert a verify touches costs it to read
+        self.bytes_per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * self.dtype.itemsize
+
+    def experts_touched(self) -> torch.Tensor:
+        """[num_moe_layers] int64 on the device: distinct routed experts the last forward's rows chose, per MoE layer
+        (no host sync: a step reads it into its record afterwards)."""
+        return self.expert_load.touched()
 
     def rope(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [num_positions, P/2] for positions 0..num_positions-1: a decode sizes them from what it needs
@@ -83,12 +105,14 @@ class TargetModel:
         return cos, sin
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32") -> TargetModel:
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32",
+                        moe: str | None = None) -> TargetModel:
         """The model of ckpt on device in dtype. The weights arrive one at a time, already on the device in dtype
-        (ckpt.weights.tensors): a Hugging Face checkpoint goes from its files to the device without a host copy."""
-        return cls(ckpt.config, dict(ckpt.weights.tensors(device, DTYPES[dtype])))
+        (ckpt.weights.tensors): a Hugging Face checkpoint goes from its files to the device without a host copy, and
+        each routed expert joins its layer's stack as it arrives."""
+        return cls(ckpt.config, ckpt.weights.tensors(device, DTYPES[dtype]), moe)
 
-    def _layer(self, w: dict[str, torch.Tensor], i: int) -> dict:
+    def _layer(self, w: dict[str, torch.Tensor], experts: dict[int, Experts], i: int) -> dict:
         cfg, p = self.cfg, f"model.layers.{i}"
         h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
         kv_b = w[f"{p}.self_attn.kv_b_proj.weight"].view(h, nope + v, cfg.kv_lora_rank)
@@ -107,11 +131,10 @@ class TargetModel:
         if not layer["moe"]:
             layer["mlp"] = tuple(w[f"{p}.mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
             return layer
-        experts = [f"{p}.mlp.experts.{e}" for e in range(cfg.n_routed_experts)]
         layer["router"] = w[f"{p}.mlp.gate.weight"].float()  # [E, hidden]: routing in float32
         layer["router_bias"] = w[f"{p}.mlp.gate.e_score_correction_bias"].float()  # [E]
-        layer["experts"] = tuple(torch.stack([w[f"{e}.{n}_proj.weight"] for e in experts])
-                                 for n in ("gate", "up", "down"))  # [E, I, h], [E, I, h], [E, h, I]
+        layer["experts"] = experts[i]
+        layer["moe_index"] = i - cfg.first_k_dense_replace  # its row in expert_load
         if cfg.n_shared_experts:
             layer["shared"] = tuple(w[f"{p}.mlp.shared_experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
         return layer
@@ -129,8 +152,10 @@ class TargetModel:
         how many rows the call holds: a matmul's kernel, and so its reduction order, is chosen by the shape."""
         cfg = self.cfg
         captured: dict[int, torch.Tensor] = {}
+        self.expert_load.reset()
         with timer.range("embed"):
             x = self.embed[tokens]  # [N, hidden]
+            real = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)  # rowwise pads blocks with False
             positions = cache.prefix_len + depths
             cos, sin = cache.cos[positions], cache.sin[positions]  # [N, P/2]
         for i, layer in enumerate(self.layers):
@@ -144,7 +169,7 @@ class TargetModel:
                                                block_mask, self.scale)
                 x = rowwise(lambda x, o, a=a: x + self._attention_out(a, o), row_block, x, o_lat)
             with timer.range(f"layer{i}/{'moe' if layer['moe'] else 'mlp'}"):
-                x = rowwise(lambda x, layer=layer: x + self._ffn(layer, x), row_block, x)
+                x = rowwise(lambda x, real, layer=layer: x + self._ffn(layer, x, real, row_block), row_block, x, real)
             if i in hidden_layers:
                 captured[i] = x
         with timer.range("lm_head"):
@@ -175,17 +200,19 @@ class TargetModel:
         o = torch.einsum("nhr,hvr->nhv", o_lat, a.w_uv).reshape(n, h * self.cfg.v_head_dim)
         return F.linear(o, a.o_proj)
 
-    def _ffn(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
+    def _ffn(self, layer: dict, x: torch.Tensor, real: torch.Tensor, row_block: int | None) -> torch.Tensor:
         x = rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
-        return self._moe(layer, x) if layer["moe"] else swiglu(x, *layer["mlp"])
+        return self._moe(layer, x, real, row_block is not None) if layer["moe"] else swiglu(x, *layer["mlp"])
 
-    def _moe(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        weights = route(cfg, x.float() @ layer["router"].T, layer["router_bias"])  # [N, E], zero off the top-k
-        gate, up, down = layer["experts"]
-        hidden = F.silu(torch.einsum("nd,eid->eni", x, gate)) * torch.einsum("nd,eid->eni", x, up)  # [E, N, I]
-        out = torch.einsum("eni,edi->end", hidden, down)  # [E, N, hidden]
-        y = torch.einsum("end,ne->nd", out.float(), weights).to(x.dtype)
+    def _moe(self, layer: dict, x: torch.Tensor, real: torch.Tensor, exact: bool) -> torch.Tensor:
+        """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
+        padding, exact asks for the per-row exact layout (the batch-invariant mode)."""
+        idx, weights = route(self.cfg, x.float() @ layer["router"].T, layer["router_bias"])  # [N, k] each
+        self.expert_load.add(layer["moe_index"], idx, real)
+        if self.moe_path == "sparse":
+            y = sparse_moe(x, idx, weights, layer["experts"], exact)
+        else:
+            y = dense_moe(x, idx, weights, layer["experts"])
         if "shared" in layer:
             y = y + swiglu(x, *layer["shared"])
         return y
@@ -202,21 +229,3 @@ def rowwise(fn, row_block: int | None, *rows: torch.Tensor):
     if isinstance(blocks[0], tuple):
         return tuple(torch.cat(parts)[:n] for parts in zip(*blocks, strict=True))
     return torch.cat(blocks)[:n]
-
-
-def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """DeepSeek-V3 routing: dense [N, E] float32 weights, non-zero on each token's chosen experts."""
-    scores = logits.sigmoid() if cfg.scoring_func == "sigmoid" else logits.softmax(-1)
-    choice = scores + bias  # the bias steers selection only
-    n, e = choice.shape
-    per_group = e // cfg.n_group
-    if cfg.n_group > 1:
-        group_scores = choice.view(n, cfg.n_group, per_group).topk(min(2, per_group), dim=-1).values.sum(-1)
-        keep = torch.zeros_like(group_scores, dtype=torch.bool)
-        keep.scatter_(1, group_scores.topk(cfg.topk_group, dim=-1).indices, True)
-        choice = choice.masked_fill(~keep.repeat_interleave(per_group, dim=1), -math.inf)
-    idx = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
-    w = scores.gather(1, idx)
-    if cfg.norm_topk_prob:
-        w = w / (w.sum(-1, keepdim=True) + 1e-20)
-    return torch.zeros_like(scores).scatter(1, idx, w * cfg.routed_scaling_factor)

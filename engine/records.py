@@ -47,6 +47,19 @@ class TreeRecord:
 
 
 @dataclass(slots=True)
+class ExpertTraffic:
+    """What one step's verify did to the routed experts (counted on the device inside the step, engine/moe.py)."""
+
+    touched: list[int]  # per MoE layer: distinct routed experts the verify's nodes chose (AR: at most top-k)
+    bytes_per_expert: int  # one routed expert's gate, up and down weights in the run's dtype
+
+    @property
+    def bytes_read(self) -> int:
+        """Routed-expert weight bytes the verify had to read: touched experts (all layers) x bytes_per_expert."""
+        return sum(self.touched) * self.bytes_per_expert
+
+
+@dataclass(slots=True)
 class StepRecord:
     """One decode step (AR: a tree of just the root)."""
 
@@ -64,6 +77,7 @@ class StepRecord:
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # (range name, start ns from step start, ns)
     probs: NodeProbs | None = None  # what the target and the drafter give each node (engine/node_probs.py)
     committed_text: str | None = None  # the committed tokens as text (None: the model has no tokenizer)
+    experts: ExpertTraffic | None = None  # routed experts the verify touched (None: the target has no MoE layer)
 
     @property
     def num_accepted(self) -> int:

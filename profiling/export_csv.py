@@ -14,7 +14,8 @@ from .capture_data import Capture
 from .metrics import STEP, kernel_table, stage_ns
 
 STEP_COLUMNS = ("mode", "step", "prefix_len", "num_nodes", "num_drafted", "num_accepted", "expected_accepted",
-                "draft_expected", "num_committed", "committed", "committed_text", "bonus", "wall_ms", "step_ms",
+                "draft_expected", "num_committed", "committed", "committed_text", "bonus", "experts_touched",
+                "expert_bytes", "wall_ms", "step_ms",
                 *(f"{s}_ms" for s in STAGES), "other_ms")
 KERNEL_COLUMNS = ("mode", "name", "parent", "depth", "leaf", "count", "total_ms", "mean_ms", "p50_ms", "p95_ms",
                   "self_ms", "share", "profiler_cpu_ms", "device_ms")
@@ -40,6 +41,8 @@ def step_row(step: StepRecord) -> dict:
         "draft_expected": step.probs.draft_expected if step.probs else None,
         "num_committed": step.num_committed, "committed": " ".join(map(str, step.committed)),
         "committed_text": step.committed_text, "bonus": step.bonus,
+        "experts_touched": " ".join(map(str, step.experts.touched)) if step.experts else None,
+        "expert_bytes": step.experts.bytes_read if step.experts else None,
         "wall_ms": step.wall_ns / 1e6, "step_ms": step_ns / 1e6 if step_ns is not None else None,
         **{f"{s}_ms": stages[s] / 1e6 if s in stages else None for s in STAGES},
         "other_ms": (step_ns - sum(known)) / 1e6 if step_ns is not None else None,

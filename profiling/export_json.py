@@ -39,6 +39,9 @@ def step_dict(step: StepRecord) -> dict:
         "probs": None if step.probs is None else {
             "target": list(step.probs.target), "draft": list(step.probs.draft), "move_on": list(step.probs.move_on),
             "expected_accepted": step.probs.expected_accepted, "draft_expected": step.probs.draft_expected},
+        "experts": None if step.experts is None else {
+            "touched": list(step.experts.touched), "bytes_per_expert": step.experts.bytes_per_expert,
+            "bytes_read": step.experts.bytes_read},
     }
 
 

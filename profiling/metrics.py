@@ -8,6 +8,8 @@ Definitions (L = block_size - 1 drafted positions per step):
   the host wall time of the prefill plus every step (StepRecord.wall_ns, which includes reading the step's
   record back to the host).
 - speedup: the speculative run's (chain or DDTree) tokens/s over AR tokens/s.
+- expert traffic: per step, the distinct routed experts the verify touched per MoE layer and the weight bytes that
+  costs (StepRecord.experts); expert_traffic() averages them over a run's steps.
 - kernel rows: one per full range name; share = total time of that range / total time of the "step" range,
   for leaf and inner ranges alike (so shares of nested rows add up within their parent, not across levels).
 """
@@ -163,7 +165,23 @@ def summarize(ar: RunRecord, run: RunRecord) -> dict:
         "tokens_per_s": tps,
         "speedup": _ratio(tps, ar_tps),
         "first_divergence": first_divergence(ar, run),
+        "ar_expert_traffic": expert_traffic(ar),
+        "expert_traffic": expert_traffic(run),
     }
+
+
+def expert_traffic(run: RunRecord) -> dict | None:
+    """What the run's verifies did to the routed experts, per step on average: `touched` per MoE layer, their sum
+    `touched_total`, `bytes_read` (routed-expert weight bytes: touched x one expert's gate/up/down) and
+    `bytes_per_token` (all steps' bytes over the tokens they committed). None: no MoE layer, or no steps."""
+    counted = [s for s in run.steps if s.experts is not None]
+    if not counted:
+        return None
+    touched = np.mean([s.experts.touched for s in counted], axis=0)
+    bytes_read = [s.experts.bytes_read for s in counted]
+    return {"touched": touched.tolist(), "touched_total": float(touched.sum()),
+            "bytes_read": float(np.mean(bytes_read)),
+            "bytes_per_token": sum(bytes_read) / sum(s.num_committed for s in counted)}
 
 
 def real_divergences(summaries: dict[str, dict]) -> list[str]:

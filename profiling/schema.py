@@ -27,7 +27,7 @@ TREE = _object({
     "visible": {"type": "array", "items": _INTS, "description": "row i: the nodes node i sees (itself, ancestors)"},
 })
 
-STEP = _object({
+_STEP_FIELDS = {
     "mode": _MODE, "index": _INT, "prefix_len": _INT, "tree": TREE, "target": _INTS, "logit_gap": _NUMS,
     "path": _INTS, "bonus": _INT, "committed": _INTS, "num_accepted": _INT, "num_committed": _INT,
     "wall_ns": _INT, "committed_text": _OPT_STR,
@@ -41,7 +41,14 @@ STEP = _object({
     )], "description": "per node: the target's probability of its token given its ancestors, the drafter's "
                        "marginal, the target's mass on its children; per step: the expected accepted drafted "
                        "tokens under the target and the drafter's surrogate (engine/node_probs.py)"},
-})
+}
+STEP_EXPERTS = {"oneOf": [{"type": "null"}, _object({
+    "touched": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "bytes_per_expert": _INT,
+    "bytes_read": _INT})],
+    "description": "per MoE layer, the distinct routed experts the verify's nodes chose; one expert's gate/up/down "
+                   "bytes in the run's dtype; touched (all layers) x bytes_per_expert. null: no MoE layer"}
+# experts came later: optional, so earlier reports stay valid.
+STEP = _object({**_STEP_FIELDS, "experts": STEP_EXPERTS}, list(_STEP_FIELDS))
 
 KERNEL_ROW = _object({
     "mode": _MODE, "name": {"type": "string"}, "parent": {"type": ["string", "null"]}, "depth": _INT,
@@ -57,7 +64,12 @@ DIVERGENCE = _object({
     "tolerance": {**_OPT_NUM, "description": "the near-tie tolerance at that position"},
 })
 
-SUMMARY = _object({
+EXPERT_TRAFFIC = {"oneOf": [{"type": "null"}, _object({
+    "touched": _NUMS, "touched_total": _NUM, "bytes_read": _NUM, "bytes_per_token": _NUM})],
+    "description": "mean per step of the routed experts the verify touched (per MoE layer, and in all), the weight "
+                   "bytes that reads, and those bytes per committed token; null: no MoE layer (metrics.expert_traffic)"}
+
+_SUMMARY_FIELDS = {
     "mode": _SPEC_MODE, "matches_ar": {"type": "boolean"},
     "exactness": {"enum": ["greedy-exact", "seed-matched exact"], "description": "what matches_ar checks"},
     "ar_tokens": _INTS, "tokens": _INTS, "ar_text": _OPT_STR, "text": _OPT_STR, "num_generated": _INT,
@@ -67,7 +79,10 @@ SUMMARY = _object({
     "ar_time_ms": _NUM, "time_ms": _NUM, "ar_prefill_ms": _NUM, "prefill_ms": _NUM,
     "ar_tokens_per_s": _OPT_NUM, "tokens_per_s": _OPT_NUM, "speedup": _OPT_NUM,
     "first_divergence": {"oneOf": [{"type": "null"}, DIVERGENCE]},
-})
+}
+# The expert traffic came later: optional, so earlier reports stay valid.
+SUMMARY = _object({**_SUMMARY_FIELDS, "ar_expert_traffic": EXPERT_TRAFFIC, "expert_traffic": EXPERT_TRAFFIC},
+                  list(_SUMMARY_FIELDS))
 
 _ENVIRONMENT_FIELDS = {
     "torch": {"type": "string"}, "cuda": {"type": ["string", "null"]}, "cuda_available": {"type": "boolean"},

@@ -8,7 +8,7 @@ saved as safetensors is a checkpoint engine.hf.read_hf_dir loads as it is.
 
 The MoE runs every routed expert on every token with the routing weights (zero off each token's top-k) folded
 in before the down projection: the experts side by side are one SwiGLU of width E * moe_intermediate_size,
-three matmuls with static shapes and no host sync. Routing is engine.model.route, the engine's own.
+three matmuls with static shapes and no host sync. Routing is engine.moe.route, the engine's own.
 e_score_correction_bias is a buffer, not a parameter: gradients never touch it. It follows DeepSeek-V3's
 auxiliary-loss-free balancing instead (update_router_biases), from the per-expert loads each forward returns.
 """
@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import LATENT_NORM_EPS, ModelConfig
-from ..model import apply_rope, rms_norm, route
+from ..model import apply_rope, rms_norm
+from ..moe import dense_weights, route
 from ..rope import rope_tables
 
 INIT_STD = 0.02  # transformers' DeepseekV3Config.initializer_range
@@ -143,7 +144,8 @@ class MoE(nn.Module):
         cfg = self.cfg
         flat = x.reshape(-1, cfg.hidden_size)  # [N, hidden]
         with torch.autocast(device_type=x.device.type, enabled=False):  # routing in float32, as DeepSeek-V3
-            weights = route(cfg, flat.float() @ self.gate.weight.float().T, self.gate.e_score_correction_bias)
+            idx, topk = route(cfg, flat.float() @ self.gate.weight.float().T, self.gate.e_score_correction_bias)
+            weights = dense_weights(idx, topk, cfg.n_routed_experts)  # [N, E]
         load = (weights > 0).sum(0)  # [E]
         n, e, inter = flat.shape[0], cfg.n_routed_experts, cfg.moe_intermediate_size
         gate_w = torch.cat([ex.gate_proj.weight for ex in self.experts])  # [E * I, hidden]

@@ -1,0 +1,257 @@
+"""What DDTree does to a real MoE: Kimi-K2 layers on one GPU, AR vs DDTree steps against their memory floor.
+
+The model has Kimi-K2's real widths (hidden 7168, 64 heads, q_lora 1536, kv_lora 512, qk_nope 128, rope 64, v 128,
+384 routed experts top-8 plus 1 shared of width 2048, the first layer dense of width 18432, vocab 163840, YaRN as in
+its config) and as many layers as fit in MODEL_BYTES of bf16 weights: 34 GB per MoE layer, so 1 dense + 3 MoE
+layers (about 108 GB; layers_that_fit says). Random weights are made on the device and streamed into the model
+(bench_decode.target_tensors: the lm_head is a permuted embedding, so every greedy argmax wins by a wide margin and
+DDTree must commit exactly the AR tokens).
+
+After a 4096-token prompt (its prefill time is the median over the run's prefills), AR and DDTree at B in
+{16, 64, 256} with the exact and the noisy oracle step the same decode, timed eagerly and as CUDA-graph replays
+(decode_steps.measure_decoder). A separate decoder per row then steps with its records on, for the routed experts
+each verify touched per MoE layer (StepRecord.experts) and the prefix length: a step's floor is the bytes it must
+read (every weight but the embedding, of which it reads N rows, with the routed experts counted as touched x one
+expert's bytes, plus N + prefix_len latent cache rows per layer) at the measured copy bandwidth. Uniform routing
+would touch E (1 - (1 - k/E)^(B+1)) experts: the "uniform" column. The "moe layer" table times one MoE layer's
+routed experts alone at N tokens, sparse (grouped GEMM) against the dense all-experts reference, each against the
+floor of the weights it reads.
+
+    python -m benchmarks.bench_moe [--device cuda|cpu] [--quick] [--out DIR]
+
+--quick runs a small model of the same shape on the CPU in seconds (for the tests).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from engine.config import DecodeConfig, ModelConfig
+from engine.decode import ARDecoder, Decoder
+from engine.drafters.oracle import OracleDrafter
+from engine.model import TargetModel
+from engine.moe import dense_moe, route, sparse_moe
+from engine.weights import weight_shapes
+
+from .bench_decode import NOISY, ddtree_decoder, k2_mini, random_model
+from .common import (
+    FULL,
+    QUICK,
+    Column,
+    guarded,
+    markdown_table,
+    num_failed,
+    parse_args,
+    ratio,
+    resolve_device,
+    start_run,
+    text_table,
+    time_calls,
+    write_results,
+)
+from .decode_steps import Plan, measure_decoder
+
+MODEL_BYTES = 120 * 10**9  # bf16 weights on the H200 (141 GB), leaving room for activations, cache and graphs
+LAYER_TOKENS = (1, 17, 65, 257)  # rows of the moe-layer table: AR and the verify of B = 16, 64, 256
+
+
+def kimi_k2(num_layers: int) -> ModelConfig:
+    """Kimi-K2's widths and routing (its config.json) with num_layers layers, the first dense."""
+    return dataclasses.replace(k2_mini(), num_hidden_layers=num_layers, n_routed_experts=384, num_experts_per_tok=8)
+
+
+def quick_k2() -> ModelConfig:
+    """The same shape, small: 3 layers (the first dense), 32 routed experts top-4 + 1 shared."""
+    return ModelConfig(
+        vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, q_lora_rank=32, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128, moe_intermediate_size=32,
+        n_routed_experts=32, n_shared_experts=1, num_experts_per_tok=4, routed_scaling_factor=2.827,
+        first_k_dense_replace=1, max_position_embeddings=4096)
+
+
+def model_bytes(cfg: ModelConfig, itemsize: int) -> int:
+    """Device bytes of the model: every weight in the run's dtype, plus the float32 router copies."""
+    num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    weights = sum(math.prod(s) for s in weight_shapes(cfg).values()) * itemsize
+    return weights + num_moe * cfg.n_routed_experts * cfg.hidden_size * 4
+
+
+def layers_that_fit(budget: int, itemsize: int) -> int:
+    layers = 1
+    while model_bytes(kimi_k2(layers + 1), itemsize) <= budget:
+        layers += 1
+    return layers
+
+
+def step_read_bytes(cfg: ModelConfig, itemsize: int, num_nodes: int, prefix_len: float, touched: float) -> float:
+    """Bytes a verify of num_nodes must read: the weights (the embedding's num_nodes rows only, the routed experts
+    as `touched` experts summed over the layers, routers in float32) and the cache rows it attends over."""
+    expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize
+    routed = sum(math.prod(s) for n, s in weight_shapes(cfg).items() if ".mlp.experts." in n) * itemsize
+    embed = cfg.vocab_size * cfg.hidden_size * itemsize
+    rest = model_bytes(cfg, itemsize) - routed - embed + num_nodes * cfg.hidden_size * itemsize
+    cache = cfg.num_hidden_layers * (prefix_len + num_nodes) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize
+    return rest + touched * expert + cache
+
+
+def uniform_touched(cfg: ModelConfig, num_nodes: int) -> float:
+    """Experts per MoE layer that num_nodes tokens touch when each picks k distinct experts uniformly."""
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    return e * (1 - (1 - k / e) ** num_nodes)
+
+
+def count_experts(dec: Decoder, num_steps: int) -> dict:
+    """Step with records on: mean touched experts per MoE layer and in all, mean prefix length, the prefill."""
+    records = [dec.step() for _ in range(num_steps)]
+    touched = np.mean([r.experts.touched for r in records], axis=0)
+    return {"touched_per_layer": touched.tolist(), "touched": float(touched.sum()),
+            "prefix_len": float(np.mean([r.prefix_len for r in records])), "prefill_ms": dec.prefill_ns / 1e6}
+
+
+def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.device) -> tuple[list[dict], list]:
+    """The AR row (its tokens are the oracle's continuation), then one row per budget and oracle; the prefills."""
+    cfg, cuda = model.cfg, device.type == "cuda"
+    prompt = np.random.default_rng(0).integers(cfg.vocab_size, size=plan.prompt_len).tolist()
+    need = plan.max_new_tokens + plan.block_size
+    dtype = str(model.dtype).removeprefix("torch.")
+
+    def decode_cfg(budget: int, max_new_tokens: int) -> DecodeConfig:
+        return DecodeConfig(budget=budget, block_size=plan.block_size, max_new_tokens=max_new_tokens,
+                            device=device.type, dtype=dtype)
+
+    ar_cfg = decode_cfg(0, need + plan.block_size)
+    ar_dec = ARDecoder(model, prompt, ar_cfg)
+    while int(ar_dec.num_generated) < need:  # the AR continuation, untimed
+        ar_dec.advance()
+    continuation = ar_dec.generated[:need].cpu().tolist()
+    del ar_dec
+    makers = [({"mode": "AR", "budget": 0, "noise": None},
+               lambda graph: ARDecoder(model, prompt, ar_cfg, cuda_graph=graph))]
+    for noise in plan.noises:
+        drafter = OracleDrafter(continuation, cfg.vocab_size, plan.block_size - 1, noise=noise, seed=0,
+                                num_positions=plan.max_new_tokens + plan.block_size, device=device)
+        makers += [({"mode": "DDTree", "budget": b, "noise": noise},
+                    functools.partial(ddtree_decoder, model, prompt, decode_cfg(b, plan.max_new_tokens), drafter))
+                   for b in plan.budgets]
+    rows = []
+    for key, make in makers:
+        rows.append(guarded(key, lambda key=key, make=make: {
+            **key, **measure_decoder(make, plan, cuda), **count_experts(make(False), num_counted)}))
+        if "error" not in rows[-1]:
+            print(f"  {key['mode']} B={key['budget']:4d} noise={key['noise']}: eager {rows[-1]['eager_step_ms']:.3f} "
+                  f"ms/step, tau {rows[-1]['tau_eager']:.2f}, {rows[-1]['touched']:.1f} experts touched", flush=True)
+    for row in (r for r in rows if "error" not in r):  # greedy-exact: every decoder commits the AR tokens
+        row["tokens_match_ar"] = all(tokens == continuation[: len(tokens)] for tokens in row.pop("generated"))
+    return rows, [r["prefill_ms"] for r in rows if "error" not in r]
+
+
+def add_floors(rows: list[dict], cfg: ModelConfig, itemsize: int, copy_tbps: float) -> None:
+    """Each row's floor (ms), its step times over it, the uniform-routing expectation and the speedups."""
+    ar = rows[0]
+    num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    for row in (r for r in rows if "error" not in r):
+        nodes = row["budget"] + 1
+        row["floor_ms"] = step_read_bytes(cfg, itemsize, nodes, row["prefix_len"], row["touched"]) / copy_tbps / 1e9
+        row["uniform_touched"] = uniform_touched(cfg, nodes)
+        row["touched_mean"] = row["touched"] / num_moe
+        row["expert_gb"] = row["touched"] * 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize / 1e9
+        for mode in ("eager", "graph"):
+            row[f"{mode}_over_floor"] = ratio(row[f"{mode}_step_ms"], row["floor_ms"])
+            row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar.get(f"{mode}_tokens_per_s"))
+
+
+def layer_rows(model: TargetModel, device: torch.device, copy_tbps: float, quick: bool) -> list[dict]:
+    """One MoE layer's routed experts at N tokens (routed by its own router): sparse vs dense, against the bytes
+    each reads (sparse: the touched experts; dense: all of them)."""
+    cfg = model.cfg
+    layer = next(la for la in model.layers if la["moe"])
+    expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * model.dtype.itemsize
+    gen = torch.Generator(device=device).manual_seed(1)
+    budget = QUICK if quick else FULL
+    rows = []
+    for n in LAYER_TOKENS:
+        x = torch.randn(n, cfg.hidden_size, generator=gen, device=device, dtype=model.dtype)
+        routed = (x, *route(cfg, x.float() @ layer["router"].T, layer["router_bias"]))  # x, idx, weights
+        touched = len(torch.unique(routed[1]))
+        sparse = time_calls(lambda r: sparse_moe(*r, layer["experts"]), [routed], device, budget)
+        dense = time_calls(lambda r: dense_moe(*r, layer["experts"]), [routed], device, budget)
+        rows.append({"tokens": n, "touched": touched, "sparse_us": sparse.median_us, "dense_us": dense.median_us,
+                     "sparse_floor_us": touched * expert / copy_tbps / 1e6,
+                     "dense_floor_us": cfg.n_routed_experts * expert / copy_tbps / 1e6,
+                     "dense_over_sparse": dense.median_us / sparse.median_us})
+        rows[-1]["sparse_over_floor"] = rows[-1]["sparse_us"] / rows[-1]["sparse_floor_us"]
+    return rows
+
+
+STEP_COLUMNS = [
+    Column("mode", "mode"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
+    Column("tau_eager", "tau", "{:.2f}"), Column("eager_step_ms", "eager ms/step", "{:.3f}"),
+    Column("graph_step_ms", "graph ms/step", "{:.3f}"), Column("floor_ms", "floor ms", "{:.3f}"),
+    Column("eager_over_floor", "eager/floor", "{:.2f}"), Column("graph_over_floor", "graph/floor", "{:.2f}"),
+    Column("eager_tokens_per_s", "eager tok/s", "{:.0f}"), Column("graph_tokens_per_s", "graph tok/s", "{:.0f}"),
+    Column("speedup_eager", "speedup eager", "{:.2f}"), Column("speedup_graph", "speedup graph", "{:.2f}"),
+    Column("tokens_match_ar", "tokens == AR"),
+]
+EXPERT_COLUMNS = [
+    Column("mode", "mode"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
+    Column("touched_mean", "experts touched / MoE layer", "{:.1f}"), Column("uniform_touched", "uniform", "{:.1f}"),
+    Column("touched", "touched, all layers", "{:.1f}"), Column("expert_gb", "expert GB / step", "{:.2f}"),
+]
+LAYER_COLUMNS = [
+    Column("tokens", "tokens", "{}"), Column("touched", "experts touched", "{}"),
+    Column("sparse_us", "sparse us", "{:.1f}"), Column("sparse_floor_us", "sparse floor us", "{:.1f}"),
+    Column("sparse_over_floor", "sparse/floor", "{:.2f}"), Column("dense_us", "dense us", "{:.1f}"),
+    Column("dense_floor_us", "dense floor us", "{:.1f}"), Column("dense_over_sparse", "dense/sparse", "{:.2f}"),
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args("What DDTree does to an MoE: Kimi-K2 layers, AR vs DDTree (small model with --quick)", argv)
+    device = resolve_device(args.device)
+    if device.type == "cpu" and not args.quick:
+        raise SystemExit("bench_moe on the CPU runs only with --quick: the Kimi-K2 layers take over 100 GB of "
+                         "memory; run it with --device cuda on an H200")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    info = start_run("bench_moe", "benchmarks.bench_moe", argv, device, dtype, args.quick)
+    cfg = quick_k2() if args.quick else kimi_k2(layers_that_fit(MODEL_BYTES, dtype.itemsize))
+    no_dflash = {"dflash_layers": 0, "dflash_block_size": 0}  # bench_decode's learned-drafter rows: none here
+    plan = (Plan(32, (4, 16), (0.0, NOISY), 4, 1, 3, 2, **no_dflash) if args.quick
+            else Plan(4096, (16, 64, 256), (0.0, NOISY), 16, 2, 12, 3, **no_dflash))
+    num_counted = 2 if args.quick else 4
+    torch.manual_seed(0)
+    model = random_model(cfg, device, dtype, seed=0)
+    size = model_bytes(cfg, dtype.itemsize)
+    rows, prefills = decode_rows(model, plan, num_counted, device)
+    add_floors(rows, cfg, dtype.itemsize, info.ceilings.copy_tbps)
+    layers = layer_rows(model, device, info.ceilings.copy_tbps, args.quick)
+    results = {"model_name": "k2-quick" if args.quick else f"kimi-k2-{cfg.num_hidden_layers}-layers",
+               "model": cfg.to_dict(), "model_bytes": size, "moe_path": model.moe_path, "plan": asdict(plan),
+               "num_counted": num_counted, "prefill_ms": statistics.median(prefills) if prefills else None,
+               "rows": rows, "layer": layers}
+    num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    setup = (f"{results['model_name']}: {cfg.num_hidden_layers} layers ({cfg.first_k_dense_replace} dense, {num_moe} "
+             f"MoE of {cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}), {size / 1e9:.1f} GB of "
+             f"{info.ceilings.dtype} weights, {model.moe_path} MoE; prompt {plan.prompt_len} tokens (prefill "
+             f"{results['prefill_ms'] or 0:.1f} ms, median of {len(prefills)}), block size {plan.block_size}, "
+             f"{plan.num_steps} timed steps per decoder, experts counted over {num_counted} more")
+    tables = {"setup": setup, "steps": markdown_table(rows, STEP_COLUMNS),
+              "experts": markdown_table(rows, EXPERT_COLUMNS), "moe layer": markdown_table(layers, LAYER_COLUMNS)}
+    print(f"\n{setup}\n\n{text_table(rows, STEP_COLUMNS)}\n\n{text_table(rows, EXPERT_COLUMNS)}\n\n"
+          f"{text_table(layers, LAYER_COLUMNS)}\n")
+    json_path, md_path = write_results(args.out, f"moe-{device.type}", info, results, tables)
+    failed = num_failed(rows) + sum(bool(r.get("graph_error")) for r in rows)
+    print(f"wrote {json_path} and {md_path}" + (f"; {failed} FAILED" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

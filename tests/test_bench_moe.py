@@ -1,0 +1,76 @@
+"""bench_moe at its smallest CPU setting, end to end, and its sizing and floor arithmetic."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_benchmarks import REPO, assert_positive, check_header, run_quick
+
+from benchmarks.bench_moe import (
+    LAYER_TOKENS,
+    MODEL_BYTES,
+    kimi_k2,
+    layers_that_fit,
+    model_bytes,
+    quick_k2,
+    step_read_bytes,
+    uniform_touched,
+)
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory):
+    return run_quick(tmp_path_factory, "benchmarks.bench_moe", "moe")
+
+
+def test_bench_moe_quick_cpu(moe_run):
+    stdout, data, md = moe_run
+    check_header(stdout, data, "bench_moe")
+    cfg, plan, rows = quick_k2(), data["plan"], data["rows"]
+    num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    assert [(r["mode"], r["budget"], r["noise"]) for r in rows] == [("AR", 0, None)] + [
+        ("DDTree", b, n) for n in plan["noises"] for b in plan["budgets"]]
+    assert_positive(data, "prefill_ms", "model_bytes")
+    assert data["model_bytes"] == model_bytes(cfg, 4) and data["moe_path"] in ("sparse", "dense")
+    for r in rows:
+        assert_positive(r, "eager_step_ms", "floor_ms", "eager_over_floor", "eager_tokens_per_s", "touched")
+        assert r["graph_step_ms"] is None and r["tokens_match_ar"] is True
+        assert 1 <= r["tau_eager"] <= plan["block_size"]
+        assert len(r["touched_per_layer"]) == num_moe and r["touched"] == pytest.approx(sum(r["touched_per_layer"]))
+        assert all(k <= t <= min(e, (r["budget"] + 1) * k) for t in r["touched_per_layer"])
+        assert r["eager_over_floor"] == pytest.approx(r["eager_step_ms"] / r["floor_ms"])
+        assert r["uniform_touched"] == pytest.approx(e * (1 - (1 - k / e) ** (r["budget"] + 1)))
+        assert r["prefix_len"] >= plan["prompt_len"]
+    assert rows[0]["touched_per_layer"] == [k] * num_moe and rows[0]["speedup_eager"] == 1
+    assert [r["tokens"] for r in data["layer"]] == list(LAYER_TOKENS)
+    for r in data["layer"]:
+        assert_positive(r, "sparse_us", "dense_us", "sparse_floor_us", "dense_floor_us")
+        assert k <= r["touched"] <= min(e, r["tokens"] * k) and r["sparse_floor_us"] <= r["dense_floor_us"]
+    for section in ("steps", "experts", "moe layer"):
+        assert f"## {section}" in md
+
+
+def test_kimi_k2_layers_fill_the_budget_and_no_more():
+    layers = layers_that_fit(MODEL_BYTES, 2)
+    assert model_bytes(kimi_k2(layers), 2) <= MODEL_BYTES < model_bytes(kimi_k2(layers + 1), 2)
+    cfg = kimi_k2(layers)
+    assert (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+            cfg.intermediate_size, cfg.vocab_size, cfg.first_k_dense_replace) == (7168, 384, 8, 2048, 18432, 163840, 1)
+
+
+def test_a_step_that_reads_everything_reads_the_model_and_its_cache():
+    cfg = quick_k2()
+    num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    every = step_read_bytes(cfg, 2, cfg.vocab_size, 0, num_moe * cfg.n_routed_experts)
+    cache = cfg.num_hidden_layers * cfg.vocab_size * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
+    assert every == model_bytes(cfg, 2) + cache
+    assert uniform_touched(cfg, 1) == pytest.approx(cfg.num_experts_per_tok)
+    assert uniform_touched(cfg, 10**6) == pytest.approx(cfg.n_routed_experts)
+
+
+def test_the_full_size_run_is_refused_on_the_cpu(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_moe", "--device", "cpu", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "only with --quick" in proc.stderr and not list(tmp_path.iterdir())
