@@ -1,12 +1,13 @@
 // Absorbed-MLA attention of a block of nodes over the latent cache, on the CPU (contract: kernels/ops.py).
 //
 // The call is split into units, one node and one group of its heads each (verify_attn_tile.h: how a unit
-// runs, and why its results do not depend on the split), spread over torch's threads with at::parallel_for.
+// runs, and why its results do not depend on the split), which torch's threads take one at a time.
 // Nodes are split into head groups only as far as the threads need work.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "../checks.h"
@@ -160,30 +161,32 @@ DDTREE_ALWAYS_INLINE void attend_unit(const Problem<T>& p, int64_t unit, Scratch
   write_outputs(p, node, head0, num_heads, s);
 }
 
+// Takes units from `next` until none is left: a thread that the OS holds back delays only the unit it holds.
 template <class C, typename T>
-DDTREE_ALWAYS_INLINE void attend_units(const Problem<T>& p, int64_t begin, int64_t end) {
+DDTREE_ALWAYS_INLINE void attend_units(const Problem<T>& p, std::atomic<int64_t>& next) {
   const int64_t max_heads = ceil_div(ceil_div(p.num_heads, width<C>()), p.num_groups) * width<C>();
   Scratch s(max_heads, p.lat_pad, p.rope_dim, C::kMaxTileKeys, p.copy_keys);
-  for (int64_t unit = begin; unit < end; ++unit) attend_unit<C>(p, unit, s);
+  const int64_t num_units = p.num_nodes * p.num_groups;
+  for (int64_t unit = next++; unit < num_units; unit = next++) attend_unit<C>(p, unit, s);
 }
 
 // One compiled copy of the kernel per instruction set (simd.h).
 template <typename T>
-using UnitsFn = void (*)(const Problem<T>&, int64_t, int64_t);
+using UnitsFn = void (*)(const Problem<T>&, std::atomic<int64_t>&);
 
 #ifdef DDTREE_X86_64
 template <typename T>
-DDTREE_TARGET_AVX512 void attend_units_avx512(const Problem<T>& p, int64_t begin, int64_t end) {
-  attend_units<attn::Avx512Config>(p, begin, end);
+DDTREE_TARGET_AVX512 void attend_units_avx512(const Problem<T>& p, std::atomic<int64_t>& next) {
+  attend_units<attn::Avx512Config>(p, next);
 }
 template <typename T>
-DDTREE_TARGET_AVX2 void attend_units_avx2(const Problem<T>& p, int64_t begin, int64_t end) {
-  attend_units<attn::Avx2Config>(p, begin, end);
+DDTREE_TARGET_AVX2 void attend_units_avx2(const Problem<T>& p, std::atomic<int64_t>& next) {
+  attend_units<attn::Avx2Config>(p, next);
 }
 #endif
 template <typename T>
-void attend_units_generic(const Problem<T>& p, int64_t begin, int64_t end) {
-  attend_units<attn::GenericConfig>(p, begin, end);
+void attend_units_generic(const Problem<T>& p, std::atomic<int64_t>& next) {
+  attend_units<attn::GenericConfig>(p, next);
 }
 
 // Head groups per node: as few as keep a unit within kMaxUnitHeads, more only while the threads would get
@@ -213,7 +216,9 @@ void run(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
   p.num_groups = num_head_groups(p.num_nodes, ceil_div(p.num_heads, w), w, at::get_num_threads());
   p.lat_pad = ceil_div(p.lat_dim, w) * w;
   p.copy_keys = !std::is_same_v<T, float> || p.lat_dim % w != 0;
-  at::parallel_for(0, p.num_nodes * p.num_groups, 1, [&](int64_t begin, int64_t end) { units(p, begin, end); });
+  std::atomic<int64_t> next{0};
+  const int64_t num_workers = std::min<int64_t>(at::get_num_threads(), p.num_nodes * p.num_groups);
+  at::parallel_for(0, num_workers, 1, [&](int64_t, int64_t) { units(p, next); });
 }
 
 }  // namespace
