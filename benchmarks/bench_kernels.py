@@ -2,7 +2,8 @@
 
 verify_attn: ours vs the plain-torch absorbed attention (einsum scores + masked_fill + softmax + einsum) on
 the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours. tree_build: ours vs a Python heapq build
-of the same algorithm over torch.topk, and vs our CPU op on a CPU copy. tree_accept and kv_compact: ours vs
+of the same algorithm over torch.topk, and vs our CPU op on a CPU copy, at V=163840 and again at the tiny
+fixture's V=512 (tree_build_tiny). tree_accept and kv_compact: ours vs
 the plain-torch references of kernels/reference.py. On CUDA, "ours" and the torch attention are timed as
 CUDA-graph replays (device time) and as eager calls (CUDA events, launch gaps included). On an H100/H200 the
 verify_attn table also times the mma.sync kernel (DDTREE_VERIFY_ATTN_KERNEL=mma) beside the automatic choice
@@ -61,15 +62,16 @@ class Grid:
     accept_budgets: tuple[int, ...]
     cache_layers: int
     cache_rows: int
+    tiny_vocab: int = 512  # the tiny fixture's V: tree_build_tiny times the build budgets there too
 
 
 def make_grid(device: torch.device, quick: bool) -> Grid:
     if quick:
-        return Grid((1, 8), (256,), 4096, 7, (16, 64), (64,), 2, 1024)
+        return Grid((1, 8), (256, 1024), 163840, 15, (16, 256), (64,), 2, 1024)
     if device.type == "cuda":
         return Grid((1, 8, 32, 65, 129, 257), (1024, 4096, 16384, 32768), 163840, 15, (16, 64, 256, 1024),
                     (64, 1024), 8, 32768)
-    return Grid((1, 8, 32, 65), (1024, 4096), 163840, 15, (16, 64, 256, 1024), (64, 1024), 8, 8192)
+    return Grid((1, 8, 32, 65), (256, 1024, 4096), 163840, 15, (16, 64, 256, 1024), (64, 1024), 8, 8192)
 
 
 @dataclass(slots=True)
@@ -149,7 +151,8 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
             mma = measure(ours_attention, sets, device, budget)
     floor_us = ceil.floor_us(num_bytes, flops)
     mma_text = f"  mma.sync {mma.us:9.1f} us" if mma else ""
-    print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us{mma_text}", flush=True)
+    print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us  "
+          f"torch/ours {base.us / ours.us:5.2f}{mma_text}", flush=True)
     return {
         "N": n, "S": s, "prefix_len": s - n, "dtype": str(dtype).removeprefix("torch."),
         "ours_us": ours.us, "torch_us": base.us, "speedup": ratio(base.us, ours.us),
@@ -185,13 +188,13 @@ ATTN_COLUMNS = [
 
 # -- tree_build ----------------------------------------------------------------------------------------------
 
-def bench_tree_build(g: Grid, device: torch.device, budget: Budget, ceil: Ceilings,
+def bench_tree_build(g: Grid, vocab: int, device: torch.device, budget: Budget, ceil: Ceilings,
                      rng: np.random.Generator) -> list[dict]:
-    set_bytes = g.draft_depths * g.vocab * 4
+    set_bytes = g.draft_depths * vocab * 4
     num_sets = num_input_sets(set_bytes, max_sets=32)
-    drafts = [random_draft(g.draft_depths, g.vocab, device, sharpness=4.0) for _ in range(num_sets)]
+    drafts = [random_draft(g.draft_depths, vocab, device, sharpness=4.0) for _ in range(num_sets)]
     cpu_drafts = [d.cpu() for d in drafts]
-    root_id = int(rng.integers(g.vocab))
+    root_id = int(rng.integers(vocab))
     root, cpu_root = torch.tensor(root_id, device=device), torch.tensor(root_id)
 
     def case(b: int) -> dict:
@@ -203,15 +206,15 @@ def bench_tree_build(g: Grid, device: torch.device, budget: Budget, ceil: Ceilin
         if device.type == "cuda":
             with op_setting("DDTREE_TREE_BUILD", "heap"):
                 pops = measure(lambda d: ops.tree_build(d, root, b), drafts, device, budget)
-        topk = measure(lambda d: torch.topk(d, min(b, g.vocab), dim=-1), drafts, device, budget)
+        topk = measure(lambda d: torch.topk(d, min(b, vocab), dim=-1), drafts, device, budget)
         heap = measure(lambda d: heapq_tree_build(d, root_id, b), drafts, device, budget, graph=False)
         cpu_op = (measure(lambda d: ops.tree_build(d, cpu_root, b), cpu_drafts, torch.device("cpu"), budget)
                   if device.type == "cuda" else None)
         floor_us = ceil.floor_us(set_bytes, 0)
-        print(f"  tree_build B={b:5d}: ours {ours.us:9.1f} us  heapq {heap.us:9.1f} us"
-              + (f"  heap pops {pops.us:9.1f} us" if pops else ""), flush=True)
+        print(f"  tree_build V={vocab:6d} B={b:5d}: ours {ours.us:9.1f} us  heapq {heap.us:9.1f} us  "
+              f"heapq/ours {heap.us / ours.us:6.1f}" + (f"  heap pops {pops.us:9.1f} us" if pops else ""), flush=True)
         return {
-            "B": b, "V": g.vocab, "L": g.draft_depths, "ours_us": ours.us, "ours_eager_us": ours.eager_us,
+            "B": b, "V": vocab, "L": g.draft_depths, "ours_us": ours.us, "ours_eager_us": ours.eager_us,
             "topk_us": topk.us, "pops_us": pops.us if pops else None,
             "pops_over_ours": ratio(pops.us, ours.us) if pops else None, "heapq_us": heap.us,
             "cpu_op_us": cpu_op.us if cpu_op else None,
@@ -224,11 +227,12 @@ def bench_tree_build(g: Grid, device: torch.device, budget: Budget, ceil: Ceilin
                         "cpu_op": cpu_op.timings if cpu_op else None},
         }
 
-    return [guarded({"B": b}, lambda b=b: case(b)) for b in g.build_budgets]
+    return [guarded({"V": vocab, "B": b}, lambda b=b: case(b)) for b in g.build_budgets]
 
 
 BUILD_COLUMNS = [
-    Column("B", "B", "{}"), Column("ours_us", "ours us", "{:.1f}"), Column("topk_us", "torch.topk us", "{:.1f}"),
+    Column("V", "V", "{}"), Column("B", "B", "{}"), Column("ours_us", "ours us", "{:.1f}"),
+    Column("topk_us", "torch.topk us", "{:.1f}"),
     Column("pops_us", "heap pops us", "{:.1f}"), Column("pops_over_ours", "pops/ours", "{:.2f}"),
     Column("heapq_us", "heapq us", "{:.1f}"), Column("heapq_over_ours", "heapq/ours", "{:.1f}"),
     Column("cpu_op_us", "CPU op us", "{:.1f}"), Column("cpu_op_over_ours", "CPU op/ours", "{:.1f}"),
@@ -315,11 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid, ceil = make_grid(device, args.quick), info.ceilings
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    results: dict = {"grid": asdict(grid),
+    results: dict = {"grid": asdict(grid), "num_threads": torch.get_num_threads(),
                      "attention": {"heads": HEADS, "kv_lora_rank": RANK, "rope_dim": ROPE, "scale": SCALE}}
+    print(f"torch threads: {torch.get_num_threads()}", flush=True)
     sections = {
         "verify_attn": (ATTN_COLUMNS, lambda: bench_verify_attn(grid, device, dtype, budget, ceil, rng)),
-        "tree_build": (BUILD_COLUMNS, lambda: bench_tree_build(grid, device, budget, ceil, rng)),
+        "tree_build": (BUILD_COLUMNS, lambda: bench_tree_build(grid, grid.vocab, device, budget, ceil, rng)),
+        "tree_build_tiny": (BUILD_COLUMNS, lambda: bench_tree_build(grid, grid.tiny_vocab, device, budget, ceil, rng)),
         "tree_accept": (SMALL_COLUMNS, lambda: bench_tree_accept(grid, device, budget, rng)),
         "kv_compact": (SMALL_COLUMNS, lambda: bench_kv_compact(grid, device, dtype, budget, ceil, rng)),
     }

@@ -1,14 +1,14 @@
-// Best-first draft tree construction on the CPU (contract: kernels/ops.py).
+// Best-first draft tree construction on the CPU (contract: kernels/ops.py): each depth's top K
+// (tree_topk.cpp), then the best-first heap over those L * K candidates.
 #include <algorithm>
-#include <cmath>
 #include <limits>
-#include <numeric>
 #include <queue>
 #include <vector>
 
 #include "../checks.h"
 #include "../tree_outputs.h"
 #include "cpu_ops.h"
+#include "tree_topk.h"
 
 namespace ddtree::cpu {
 namespace {
@@ -32,32 +32,6 @@ struct PopsLater {
   }
 };
 
-void check_no_nan(const float* logprobs, int64_t num_rows, int64_t vocab) {
-  for (int64_t i = 0; i < num_rows * vocab; ++i) {
-    TORCH_CHECK(!std::isnan(logprobs[i]), "draft_logprobs has NaN at [", i / vocab, ", ", i % vocab,
-                "]; the drafter must return log-probabilities (finite or -inf)");
-  }
-}
-
-// The top `k` tokens of each row by (logprob descending, token ascending): tokens and logprobs, [L, K].
-void top_k_per_row(const float* logprobs, int64_t num_rows, int64_t vocab, int64_t k, std::vector<int64_t>& tokens,
-                   std::vector<float>& values) {
-  tokens.resize(num_rows * k);
-  values.resize(num_rows * k);
-  std::vector<int64_t> order(vocab);
-  for (int64_t d = 0; d < num_rows; ++d) {
-    const float* row = logprobs + d * vocab;
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [row](int64_t a, int64_t b) {
-      return row[a] > row[b] || (row[a] == row[b] && a < b);
-    });
-    for (int64_t r = 0; r < k; ++r) {
-      tokens[d * k + r] = order[r];
-      values[d * k + r] = row[order[r]];
-    }
-  }
-}
-
 }  // namespace
 
 TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
@@ -65,25 +39,24 @@ TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& 
   const int64_t num_depths = draft_logprobs.size(0);
   const int64_t vocab = draft_logprobs.size(1);
   const float* logprobs = draft_logprobs.const_data_ptr<float>();
-  check_no_nan(logprobs, num_depths, vocab);
   const int64_t root = *root_token.const_data_ptr<int64_t>();
   TORCH_CHECK(root >= 0, "root_token must be a token id >= 0, got ", root);
 
   const int64_t k = std::min(budget, vocab);
   std::vector<int64_t> cand_tokens;  // [L, K]
   std::vector<float> cand_logprobs;  // [L, K]
-  top_k_per_row(logprobs, num_depths, vocab, k, cand_tokens, cand_logprobs);
+  tree_top_k(logprobs, num_depths, vocab, k, cand_tokens, cand_logprobs);
 
   const int64_t num_nodes = budget + 1;
   TreeBuildOutputs outputs = empty_tree_build_outputs(draft_logprobs, budget);
   auto& [tokens, parents, depths, ranks, scores, visibility] = outputs;
-  visibility.zero_();
   int64_t* tok = tokens.mutable_data_ptr<int64_t>();
   int64_t* par = parents.mutable_data_ptr<int64_t>();
   int64_t* dep = depths.mutable_data_ptr<int64_t>();
   int64_t* rnk = ranks.mutable_data_ptr<int64_t>();
   float* score = scores.mutable_data_ptr<float>();
   bool* vis = visibility.mutable_data_ptr<bool>();  // [B+1, B+1]
+  std::fill_n(vis, num_nodes * num_nodes, false);  // not zero_(): waking torch's threads costs more than this
 
   // Node 0 is the root; padding nodes look like it but score -inf and have no parent.
   for (int64_t n = 0; n < num_nodes; ++n) {
