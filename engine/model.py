@@ -166,7 +166,7 @@ class TargetModel:
                 cache.write(i, c, k_pe)
                 with timer.range("verify_attn"):
                     o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len,
-                                               block_mask, self.scale)
+                                               block_mask, self.scale, batch_invariant=row_block is not None)
                 x = rowwise(lambda x, o, a=a: x + self._attention_out(a, o), row_block, x, o_lat)
             with timer.range(f"layer{i}/{'moe' if layer['moe'] else 'mlp'}"):
                 x = rowwise(lambda x, real, layer=layer: x + self._ffn(layer, x, real, row_block), row_block, x, real)

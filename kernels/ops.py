@@ -15,12 +15,15 @@ tree_build(draft_logprobs [L, V] f32, root_token, budget B in 0..1024)
   first child (depth < L). Node 0 = root (parent -1, score 0); nodes after the heap empties are padding
   (token root_token, parent -1, depth 0, rank 0, score -inf). visibility[i, j] iff j == i or j is an
   ancestor of i. NaN in draft_logprobs is an error.
-verify_attn(q_lat [N, H, R], q_pe [N, H, P], ckv [S, R], kpe [S, P], prefix_len, block_mask [N, N] bool, scale)
-    -> o_lat [N, H, R] (input dtype), lse [N, H] f32.
+verify_attn(q_lat [N, H, R], q_pe [N, H, P], ckv [S, R], kpe [S, P], prefix_len, block_mask [N, N] bool, scale,
+            batch_invariant=False) -> o_lat [N, H, R] (input dtype), lse [N, H] f32.
   Node i sees cache rows u < prefix_len and rows prefix_len + j where block_mask[i, j] (prefix_len + N <= S).
   score = scale * (q_lat . ckv[u] + q_pe . kpe[u]); o_lat = softmax-weighted sum of ckv rows; lse = log of
   the sum of exp(score). All inputs float32 or all bfloat16; float32 accumulation. A node that sees no row
-  gets o_lat = 0 and lse = -inf.
+  gets o_lat = 0 and lse = -inf. batch_invariant: each (node, head) is reduced over its visible rows alone,
+  prefix rows then block rows in index order (for a tree node: the keys AR sees at its position, in position
+  order), key by key, so its result is independent of N, of the rows' cache slots and of any split
+  (csrc/cpu/verify_attn_exact.cpp, csrc/cuda/verify_attn_exact.cu); slower.
 tree_accept(tokens [N], parents [N], target [N] i64, max_depth) -> path [max_depth+1] i64, path_len, bonus.
   From node 0, move to the child c with tokens[c] == target[current] while there is one; path lists the
   visited nodes root first, padded with -1; bonus = target[last visited].
@@ -70,10 +73,11 @@ def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int) -> Built
 
 
 def verify_attn(
-    q_lat: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor, prefix_len: Tensor, block_mask: Tensor, scale: float
+    q_lat: Tensor, q_pe: Tensor, ckv: Tensor, kpe: Tensor, prefix_len: Tensor, block_mask: Tensor, scale: float,
+    batch_invariant: bool = False,
 ) -> Attention:
     """Absorbed-MLA attention of N block nodes over the prefix and the block rows their mask allows."""
-    return Attention(*_ops().verify_attn(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale))
+    return Attention(*_ops().verify_attn(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, batch_invariant))
 
 
 def tree_accept(tokens: Tensor, parents: Tensor, target: Tensor, max_depth: int) -> Acceptance:
@@ -99,7 +103,7 @@ def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int):
     )
 
 
-def _verify_attn_fake(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale):
+def _verify_attn_fake(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, batch_invariant=False):
     return torch.empty_like(q_lat), q_lat.new_empty(q_lat.shape[:2], dtype=torch.float32)
 
 

@@ -48,6 +48,20 @@ def test_accepted_nodes_have_ar_logits_bit_for_bit(dtype):
             assert np.array_equal(run.logits, ar.logits), f"{mode}: the path's logits are AR's, bit for bit"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_long_prefixes_stay_bit_for_bit(tiny_checkpoint, dtype):
+    """Prefixes past the CPU kernel's key blocks (64 rows): the exact kernel walks keys in position order for a
+    tree node as for an AR row, so long contexts keep the path's logits AR's."""
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    model = TargetModel.from_checkpoint(tiny_checkpoint, "cpu", dtype)
+    prompt = [rng.randrange(tiny_checkpoint.config.vocab_size) for _ in range(rng.randint(60, 130))]
+    cfg = DecodeConfig(budget=64, block_size=8, max_new_tokens=48, dtype=dtype, batch_invariant=True)
+    ar = decode(tiny_checkpoint, prompt, cfg, "ar", model=model)
+    dd = decode(tiny_checkpoint, prompt, cfg, "ddtree", DrafterSpec(noise=0.4, seed=rng.randrange(99)), model=model)
+    assert dd.tokens == ar.tokens and np.array_equal(dd.logits, ar.logits), f"seed {seed}"
+
+
 def test_the_bfloat16_case_that_diverged_in_the_fast_mode(tiny_checkpoint):
     prompt = [3, 14, 15, 92, 65, 35]
     base = DecodeConfig(budget=256, block_size=16, max_new_tokens=24, dtype="bfloat16")

@@ -228,6 +228,7 @@ def _opcheck_cases():
     cache = (torch.randn(12, 8, generator=gen), torch.randn(12, 4, generator=gen))
     attn_args = (*q, *cache, torch.tensor(4), ancestor_mask([-1, 0, 0, 1, 2]), 0.25)
     yield pytest.param("verify_attn", attn_args, id="verify_attn")
+    yield pytest.param("verify_attn", (*attn_args, True), id="verify_attn-batch-invariant")
     accept_args = (torch.tensor([9, 1, 2, 3]), torch.tensor([-1, 0, 0, 1]), torch.tensor([1, 3, 0, 4]), 3)
     yield pytest.param("tree_accept", accept_args, id="tree_accept")
     compact_args = (torch.randn(2, 9, 8), torch.randn(2, 9, 4), torch.tensor(2), torch.tensor([0, 2, 5, -1]))

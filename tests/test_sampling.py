@@ -142,8 +142,9 @@ def test_node_probabilities_match_an_independent_computation_and_the_walk():
         kids = [c for c in range(1, budget + 1) if parents[c] == i]
         assert probs.move_on[i] == pytest.approx(sum(dist[i][tokens[c]] for c in kids), abs=1e-6)
     accepted = []
+    positions = 17 + tree[2]  # a node draws the noise of its own position: its depth past the root's
     for seed in range(3000):  # walk the tree with the sampler itself: mean accepted -> expected_accepted
-        picks = pick(logits, torch.full((budget + 1,), 17), DecodeConfig(temperature=1.3, seed=seed)).tolist()
+        picks = pick(logits, positions, DecodeConfig(temperature=1.3, seed=seed)).tolist()
         node, n = 0, 0
         while (child := next((c for c in range(1, budget + 1) if parents[c] == node and tokens[c] == picks[node]),
                              None)) is not None:

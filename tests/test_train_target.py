@@ -88,12 +88,12 @@ def test_logits_equal_golden_and_engine(variant, tmp_path):
     n = tokens.shape[1]
     for row, ids in enumerate(tokens):
         golden = reference.forward_logits(cfg, ckpt.numpy_weights(), ids.tolist())
-        np.testing.assert_allclose(ours[row], golden, atol=1e-4, rtol=0, err_msg=f"seed {seed}")
+        np.testing.assert_allclose(ours[row], golden, atol=1e-4, rtol=3e-5, err_msg=f"seed {seed}")
         cache = LatentCache(cfg.num_hidden_layers, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, "cpu", torch.float32,
                             engine_model.rope(n))
         engine_logits, _ = engine_model.forward(torch.from_numpy(ids), torch.arange(n),
                                                 torch.ones(n, n, dtype=torch.bool).tril(), cache)  # a causal prefill
-        np.testing.assert_allclose(ours[row], engine_logits.numpy(), atol=1e-4, rtol=0, err_msg=f"seed {seed}")
+        np.testing.assert_allclose(ours[row], engine_logits.numpy(), atol=1e-4, rtol=3e-5, err_msg=f"seed {seed}")
 
 
 def test_hidden_states_follow_transformers_numbering(tmp_path):
@@ -189,8 +189,8 @@ def small_corpus(tmp_path_factory):
     return folder
 
 
-def test_resume_continues_exactly(tiny_run, small_corpus, tmp_path, capsys):
-    common = ["--preset", "tiny", "--device", "cpu", "--tokenizer", str(tiny_run[0] / "tokenizer.json"),
+def test_resume_continues_exactly(tiny_target_run, small_corpus, tmp_path, capsys):
+    common = ["--preset", "tiny", "--device", "cpu", "--tokenizer", str(tiny_target_run[0] / "tokenizer.json"),
               "--corpus-dir", str(small_corpus), "--steps", "12", "--log-every", "3", "--eval-every", "6",
               "--checkpoint-every", "6", "--dropout", "0.1", "--save-dtype", "float32"]
     assert train(capsys, "--out", str(tmp_path / "whole"), *common)[0] == 0
@@ -229,17 +229,17 @@ def test_bad_options_fail_clearly(argv, message, tmp_path, capsys):
     assert not (tmp_path / "run").exists(), "a refused run leaves nothing behind"
 
 
-def test_out_dir_conflicts_fail_clearly(tiny_run, tmp_path, capsys):
+def test_out_dir_conflicts_fail_clearly(tiny_target_run, tmp_path, capsys):
     file = tmp_path / "file"
     file.write_text("x")
     code, err = train(capsys, "--out", str(file), "--device", "cpu")
     assert code == 2 and "is a file" in err
-    before = {p.name: p.stat().st_mtime_ns for p in tiny_run[0].iterdir()}
-    code, err = train(capsys, "--out", str(tiny_run[0]), "--device", "cpu")
+    before = {p.name: p.stat().st_mtime_ns for p in tiny_target_run[0].iterdir()}
+    code, err = train(capsys, "--out", str(tiny_target_run[0]), "--device", "cpu")
     assert code == 2 and "finished run" in err and "--force" in err
-    code, err = train(capsys, "--out", str(tiny_run[0]), "--resume")
+    code, err = train(capsys, "--out", str(tiny_target_run[0]), "--resume")
     assert code == 2 and "nothing to resume" in err
-    assert {p.name: p.stat().st_mtime_ns for p in tiny_run[0].iterdir()} == before
+    assert {p.name: p.stat().st_mtime_ns for p in tiny_target_run[0].iterdir()} == before
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where torch sees no GPU")

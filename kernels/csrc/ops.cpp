@@ -12,7 +12,7 @@ TORCH_LIBRARY(ddtree, m) {
       "Tensor depths, Tensor ranks, Tensor scores, Tensor visibility)");
   m.def(
       "verify_attn(Tensor q_lat, Tensor q_pe, Tensor ckv, Tensor kpe, Tensor prefix_len, Tensor block_mask, "
-      "float scale) -> (Tensor o_lat, Tensor lse)");
+      "float scale, bool batch_invariant=False) -> (Tensor o_lat, Tensor lse)");
   m.def(
       "tree_accept(Tensor tokens, Tensor parents, Tensor target, int max_depth) -> (Tensor path, Tensor path_len, "
       "Tensor bonus)");

@@ -225,7 +225,7 @@ void run(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
 
 std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
                                                const at::Tensor& kpe, const at::Tensor& prefix_len,
-                                               const at::Tensor& block_mask, double scale) {
+                                               const at::Tensor& block_mask, double scale, bool batch_invariant) {
   check_verify_attn_args(q_lat, q_pe, ckv, kpe, prefix_len, block_mask);
   const int64_t num_nodes = q_lat.size(0);
   const int64_t cache_rows = ckv.size(0);
@@ -236,7 +236,9 @@ std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at
   at::Tensor o_lat = at::empty_like(q_lat);
   at::Tensor lse = at::empty({num_nodes, q_lat.size(1)}, q_lat.options().dtype(at::kFloat));
   if (lse.numel() == 0) return {o_lat, lse};  // N = 0 or H = 0
-  if (q_lat.scalar_type() == at::kFloat) {
+  if (batch_invariant) {
+    verify_attn_exact(q_lat, q_pe, ckv, kpe, block_mask, prefix, scale, o_lat, lse);
+  } else if (q_lat.scalar_type() == at::kFloat) {
     run<float>(q_lat, q_pe, ckv, kpe, block_mask, prefix, static_cast<float>(scale), o_lat, lse);
   } else {
     run<c10::BFloat16>(q_lat, q_pe, ckv, kpe, block_mask, prefix, static_cast<float>(scale), o_lat, lse);

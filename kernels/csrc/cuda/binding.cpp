@@ -25,6 +25,7 @@
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
 #include "verify_attn.cuh"
+#include "verify_attn_exact.cuh"
 
 namespace ddtree::cuda {
 namespace {
@@ -148,9 +149,31 @@ cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, 
   return VerifyAttn<T>(args, c10::cuda::getCurrentCUDAStream());
 }
 
+template <typename T>
+cudaError_t launch_verify_attn_exact(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
+                                     const at::Tensor& kpe, const at::Tensor& prefix_len,
+                                     const at::Tensor& block_mask, double scale, at::Tensor& o_lat, at::Tensor& lse) {
+  VerifyAttnExactArgs<T> args{};
+  args.q_lat = static_cast<const T*>(q_lat.const_data_ptr());
+  args.q_pe = static_cast<const T*>(q_pe.const_data_ptr());
+  args.ckv = static_cast<const T*>(ckv.const_data_ptr());
+  args.kpe = static_cast<const T*>(kpe.const_data_ptr());
+  args.prefix_len = prefix_len.const_data_ptr<int64_t>();
+  args.block_mask = block_mask.const_data_ptr<bool>();
+  args.num_nodes = static_cast<int>(q_lat.size(0));
+  args.num_heads = static_cast<int>(q_lat.size(1));
+  args.lat_dim = static_cast<int>(q_lat.size(2));
+  args.rope_dim = static_cast<int>(q_pe.size(2));
+  args.cache_rows = static_cast<int>(ckv.size(0));
+  args.scale = static_cast<float>(scale);
+  args.o_lat = static_cast<T*>(o_lat.mutable_data_ptr());
+  args.lse = lse.mutable_data_ptr<float>();
+  return VerifyAttnExact<T>(args, c10::cuda::getCurrentCUDAStream());
+}
+
 std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
                                                const at::Tensor& kpe, const at::Tensor& prefix_len,
-                                               const at::Tensor& block_mask, double scale) {
+                                               const at::Tensor& block_mask, double scale, bool batch_invariant) {
   constexpr const char* op = "verify_attn";
   check_verify_attn_args(q_lat, q_pe, ckv, kpe, prefix_len, block_mask);
   check_on_cuda(q_lat, op, "q_lat");
@@ -166,10 +189,15 @@ std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at
   const c10::cuda::CUDAGuard guard(q_lat.device());
   at::Tensor o_lat = at::empty_like(q_lat);
   at::Tensor lse = at::empty({q_lat.size(0), q_lat.size(1)}, q_lat.options().dtype(at::kFloat));
+  const bool fp32 = q_lat.scalar_type() == at::kFloat;
   const cudaError_t err =
-      q_lat.scalar_type() == at::kFloat
-          ? launch_verify_attn<float>(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse)
-          : launch_verify_attn<__nv_bfloat16>(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse);
+      batch_invariant
+          ? (fp32 ? launch_verify_attn_exact<float>(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse)
+                  : launch_verify_attn_exact<__nv_bfloat16>(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale,
+                                                            o_lat, lse))
+          : (fp32 ? launch_verify_attn<float>(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse)
+                  : launch_verify_attn<__nv_bfloat16>(q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat,
+                                                      lse));
   check_launch(err, op);
   return {o_lat, lse};
 }
