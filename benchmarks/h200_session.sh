@@ -40,6 +40,7 @@ if [ "$mode" = target ]; then  # resumes a paused or interrupted run in $PAIR; b
   [ -f "$PAIR/training.json" ] && [ -z "${resume[*]}" ] && echo "$PAIR holds a finished run" || \
   timeout "${TRAIN_S:-540}" python3 -m engine train-target --out "$PAIR" --preset showcase --corpus-dir "$CORPUS" \
     "${resume[@]}" 2>&1 | tr '\r' '\n' | tee -a "$OUT/train_target.log"
+  wait
 fi
 if [ "$mode" = drafter ]; then
   resume=(); compgen -G "$PAIR/dflash/checkpoints/step-*.pt" >/dev/null && resume=(--resume)
