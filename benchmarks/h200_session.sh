@@ -3,8 +3,8 @@
 # Usage (from the repo root, on the GPU machine): bash benchmarks/h200_session.sh MODE; logs go to $OUT.
 #   check: gpu-check, verify and the sanitizers      bench: the kernel and decode benchmarks
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
-#   target: train the shipped target (showcase preset, resumable) into $PAIR
-#   drafter: train its DFlash drafter into $PAIR/dflash, then bench_pair; tars the pair into $OUT
+#   pair: train the shipped target and its DFlash drafter (showcase presets, resumable) into $PAIR, tar them
+#         into $OUT, then bench_pair
 set -uo pipefail
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 DDTREE_BUILD_DIR=/tmp/ddtree-build
@@ -34,19 +34,21 @@ fi
 if [ "$mode" = moe ]; then
   timeout 300 python3 -m benchmarks.bench_moe --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log"
 fi
-if [ "$mode" = target ]; then  # resumes a paused or interrupted run in $PAIR; builds the kernels meanwhile
+# The shipped pair, resumable: each stage continues a paused or interrupted run in $PAIR, or skips a finished one.
+train() {  # train(label, dir, seconds, command...)
+  local label=$1 dir=$2 seconds=$3; shift 3
+  local resume=(); compgen -G "$dir/checkpoints/step-*.pt" >/dev/null && resume=(--resume)
+  if [ -f "$dir/training.json" ] && [ -z "${resume[*]}" ]; then echo "$dir holds a finished run"; return; fi
+  timeout "$seconds" "$@" "${resume[@]}" 2>&1 | tr '\r' '\n' | tee -a "$OUT/train_$label.log"
+}
+if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), the pair tarred into $OUT, bench_pair
   python3 -c "import kernels; kernels.load()" >"$OUT/build.log" 2>&1 &
-  resume=(); compgen -G "$PAIR/checkpoints/step-*.pt" >/dev/null && resume=(--resume)
-  [ -f "$PAIR/training.json" ] && [ -z "${resume[*]}" ] && echo "$PAIR holds a finished run" || \
-  timeout "${TRAIN_S:-540}" python3 -m engine train-target --out "$PAIR" --preset showcase --corpus-dir "$CORPUS" \
-    "${resume[@]}" 2>&1 | tr '\r' '\n' | tee -a "$OUT/train_target.log"
+  train target "$PAIR" "${TARGET_S:-330}" python3 -m engine train-target --out "$PAIR" --preset showcase \
+    --corpus-dir "$CORPUS"
+  train drafter "$PAIR/dflash" $(( ${TOTAL_S:-560} - SECONDS - 90 )) python3 -m engine train-drafter \
+    --target "$PAIR" --preset showcase --corpus-dir "$CORPUS"
   wait
-fi
-if [ "$mode" = drafter ]; then
-  resume=(); compgen -G "$PAIR/dflash/checkpoints/step-*.pt" >/dev/null && resume=(--resume)
-  [ -f "$PAIR/dflash/training.json" ] && [ -z "${resume[*]}" ] && echo "$PAIR/dflash holds a finished run" || \
-  timeout "${TRAIN_S:-480}" python3 -m engine train-drafter --target "$PAIR" --preset showcase \
-    --corpus-dir "$CORPUS" "${resume[@]}" 2>&1 | tr '\r' '\n' | tee -a "$OUT/train_drafter.log"
-  timeout 100 python3 -m benchmarks.bench_pair --model "$PAIR" --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_pair.log"
-  tar -C "$(dirname "$PAIR")" --exclude=checkpoints -cf "$OUT/pair.tar" "$(basename "$PAIR")"
+  tar -C "$(dirname "$PAIR")" -cf "$OUT/pair.tar" "$(basename "$PAIR")"  # checkpoints too: a later call resumes
+  timeout $(( ${TOTAL_S:-560} - SECONDS )) python3 -m benchmarks.bench_pair --model "$PAIR" --device cuda \
+    --out "$OUT" 2>&1 | tee "$OUT/bench_pair.log"
 fi

@@ -121,7 +121,7 @@ PRESETS = {
     "tiny": Recipe(preset="tiny", model=TINY_MODEL, vocab_size=512, steps=300, batch_size=12, seq_len=160,
                    lr=6e-3, log_every=25, eval_every=100, eval_windows=32, checkpoint_every=100),
     # About 7.7 M parameters (15 MB in bf16); sized for one H200 (docs/training.md says how).
-    "showcase": Recipe(preset="showcase", model=SHOWCASE_MODEL, vocab_size=4096, steps=5000, batch_size=32,
+    "showcase": Recipe(preset="showcase", model=SHOWCASE_MODEL, vocab_size=4096, steps=3500, batch_size=32,
                        seq_len=1024, lr=2e-3, dropout=0.1, log_every=50, eval_every=250, eval_windows=128,
                        checkpoint_every=500),
 }
