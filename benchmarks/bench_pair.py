@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from engine.cli_options import DEFAULT_MODEL
 from engine.config import DecodeConfig
 from engine.dflash.checkpoint import dflash_dir_beside
 from engine.drafters import DrafterSpec
@@ -34,7 +35,6 @@ from profiling.metrics import per_position_acceptance, tau
 
 from .common import RESULTS_DIR, Column, markdown_table, ratio, resolve_device, start_run, text_table, write_results
 
-DEFAULT_MODEL = pathlib.Path(__file__).resolve().parent.parent / "models" / "ddtree-py-tiny"
 BUDGETS = (16, 64, 256)
 
 

@@ -11,12 +11,13 @@ import torch
 from .checkpoint import Checkpoint
 from .config import DEVICES, DTYPES, DecodeConfig
 from .decode import validate_prompt
+from .dflash.checkpoint import dflash_dir_beside
 from .drafters import REGISTRY, DrafterSpec
 from .loading import load_model
 from .session import parse_prompt
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = REPO / "tests" / "refs" / "model_tiny.kdtr"
+DEFAULT_MODEL = REPO / "models" / "ddtree-py-7m"  # the shipped text pair (models/README.md)
 TREES = {"tree": ("ddtree",), "chain": ("chain",), "both": ("chain", "ddtree")}  # --tree -> decode modes
 
 
@@ -37,11 +38,14 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_drafter_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", default="oracle", choices=sorted(REGISTRY),
-                   help="; ".join(f"{name}: {entry.summary}" for name, entry in REGISTRY.items()))
+    p.add_argument("--drafter", choices=sorted(REGISTRY),
+                   help="default: dflash when the model has a DFlash directory beside it (<dir>/dflash/ or "
+                        "<model>-dflash/) and no oracle option is given, else oracle. " +
+                        "; ".join(f"{name}: {entry.summary}" for name, entry in REGISTRY.items()))
     p.add_argument("--noise", type=float, default=0.0, help="oracle: chance to demote the true token (default 0)")
     p.add_argument("--drafter-seed", type=int, default=0, help="oracle: seed of its distractors (default 0)")
-    p.add_argument("--drafter-model", metavar="DIR", help="dflash: the DFlash checkpoint directory")
+    p.add_argument("--drafter-model", metavar="DIR", help="dflash: the DFlash checkpoint directory (default: the "
+                                                            "one beside the model)")
 
 
 def add_decode_args(p: argparse.ArgumentParser, budget: bool = True, max_new_default: int | None = None) -> None:
@@ -113,15 +117,21 @@ DRAFTER_FLAGS = {"noise": "--noise", "seed": "--drafter-seed", "model": "--draft
 
 
 def drafter_spec(args: argparse.Namespace) -> DrafterSpec:
-    """The DrafterSpec the options describe; options of another drafter must stay at their defaults."""
-    fields = REGISTRY[args.drafter].fields
-    given = {"noise": args.noise, "seed": args.drafter_seed, "model": args.drafter_model}
+    """The DrafterSpec the options describe; options of another drafter must stay at their defaults. Without
+    --drafter, a model with a DFlash directory beside it drafts with that drafter, any other with the oracle
+    (so --noise alone still picks the oracle)."""
+    beside = dflash_dir_beside(args.model)
+    oracle_flags = args.noise != 0.0 or args.drafter_seed != 0
+    name = args.drafter or ("dflash" if (beside or args.drafter_model) and not oracle_flags else "oracle")
+    fields = REGISTRY[name].fields
+    model = args.drafter_model or (str(beside) if beside and name == "dflash" else None)
+    given = {"noise": args.noise, "seed": args.drafter_seed, "model": model}
     stray = [DRAFTER_FLAGS[k] for k, v in given.items()
              if k not in fields and v != DrafterSpec.__dataclass_fields__[k].default]
     if stray:
-        raise CliError(f"--drafter {args.drafter} does not take {', '.join(stray)}")
+        raise CliError(f"--drafter {name} does not take {', '.join(stray)}")
     try:
-        return DrafterSpec(args.drafter, **{k: v for k, v in given.items() if k in fields})
+        return DrafterSpec(name, **{k: v for k, v in given.items() if k in fields})
     except ValueError as exc:
         flag = next((DRAFTER_FLAGS[k] for k in fields if k in str(exc)), "--drafter")
         raise CliError(f"{flag}: {exc}") from exc

@@ -93,7 +93,9 @@ def test_existing_reports_without_force_are_left_untouched(tmp_path, capsys):
     (["--fixture", str(TINY), "--prompt", "99999999"], "out of range"),
     (["--fixture", str(TINY), "--noise", "1.5"], "--noise"),
     (["--fixture", str(TINY), "--drafter-seed", "-2"], "--drafter-seed"),
-    (["--fixture", str(TINY), "--drafter-model", "/x"], "--drafter oracle does not take --drafter-model"),
+    (["--fixture", str(TINY), "--drafter", "oracle", "--drafter-model", "/x"],
+     "--drafter oracle does not take --drafter-model"),
+    (["--fixture", str(TINY), "--drafter-model", "/x"], "/x: no such directory"),  # --drafter-model means dflash
     (["--fixture", str(TINY), "--tree", "chain", "--noise", "nan"], "--noise"),
     (["--fixture", str(TINY), "--budget", "-1"], "budget"),
     (["--fixture", str(TINY), "--block-size", "1"], "block_size"),
