@@ -65,10 +65,13 @@ def render(run_dir: Path) -> str:
     kernels = json.loads((run_dir / "kernels-cuda.json").read_text())
     decode = json.loads((run_dir / "decode-cuda.json").read_text())
     env = kernels["environment"]
+    runs = f"run {kernels['date'][:10]} {_revision(env)}"
+    if decode["date"][:10] != kernels["date"][:10] or decode["environment"]["git_commit"] != env["git_commit"]:
+        runs = (f"bench_kernels run {kernels['date'][:10]} {_revision(env)}, bench_decode run {decode['date'][:10]} "
+                f"{_revision(decode['environment'])}")
     body = [
         "## H200\n",
-        f"{env['device_name']}, torch {env['torch']}, CUDA {env['cuda']}, run {kernels['date'][:10]} "
-        f"{_revision(env)}; "
+        f"{env['device_name']}, torch {env['torch']}, CUDA {env['cuda']}, {runs}; "
         "the commands are `bash benchmarks/h200_session.sh bench` "
         "(which runs the two below) and `python -m benchmarks.results_md $OUT` to write this section.\n",
         _targets(kernels, decode),
