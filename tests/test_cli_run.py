@@ -177,3 +177,23 @@ def test_prompt_text_needs_a_tokenizer_and_reaches_the_reports(tiny_target_run, 
     from engine.loading import load_model
 
     assert "prompt: " + repr(load_model(target).prompt_texts[0]) in capsys.readouterr().out
+
+
+def test_the_default_drafter_is_the_models_own_dflash_else_the_oracle(tmp_path):
+    """Without --drafter: the DFlash directory beside the model, unless an oracle option is given."""
+    import argparse
+
+    from engine.cli_options import DEFAULT_MODEL, add_drafter_args, add_model_args, drafter_spec
+    from engine.dflash.checkpoint import dflash_dir_beside
+
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    add_drafter_args(parser)
+    spec = drafter_spec(parser.parse_args([]))
+    assert spec.name == "dflash" and spec.model == str(dflash_dir_beside(DEFAULT_MODEL))
+    assert drafter_spec(parser.parse_args(["--noise", "0.2"])).name == "oracle"
+    assert drafter_spec(parser.parse_args(["--model", str(TINY)])).name == "oracle"  # no DFlash beside it
+    (tmp_path / "model").mkdir()  # a model directory without a drafter in it or beside it
+    assert drafter_spec(parser.parse_args(["--model", str(tmp_path / "model")])).name == "oracle"
+    picked = drafter_spec(parser.parse_args(["--model", str(TINY), "--drafter-model", str(tmp_path)]))
+    assert picked.name == "dflash" and picked.model == str(tmp_path)
