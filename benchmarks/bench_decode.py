@@ -160,17 +160,20 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
     need = plan.max_new_tokens + plan.block_size  # continuation the drafters look into
     dtype_name = str(dtype).removeprefix("torch.")
 
-    def decode_cfg(budget: int, max_new_tokens: int, block_size: int = plan.block_size) -> DecodeConfig:
+    def decode_cfg(budget: int, max_new_tokens: int, block_size: int = plan.block_size,
+                   batch_invariant: bool = False) -> DecodeConfig:
         return DecodeConfig(budget=budget, block_size=block_size, max_new_tokens=max_new_tokens,
-                            device=device.type, dtype=dtype_name)
+                            device=device.type, dtype=dtype_name, batch_invariant=batch_invariant)
+
+    def ar_continuation(ar_cfg: DecodeConfig) -> tuple[list[int], float]:
+        """The AR tokens (untimed) the oracle reads and the rows are checked against, and the prefill's ms."""
+        ar_dec = ARDecoder(model, prompt, ar_cfg)
+        while int(ar_dec.num_generated) < need:
+            ar_dec.advance()
+        return ar_dec.generated[:need].cpu().tolist(), ar_dec.prefill_ns / 1e6
 
     ar_cfg = decode_cfg(0, need + plan.block_size)
-    ar_dec = ARDecoder(model, prompt, ar_cfg)
-    prefill_ms = ar_dec.prefill_ns / 1e6
-    while int(ar_dec.num_generated) < need:  # the AR continuation, untimed
-        ar_dec.advance()
-    continuation = ar_dec.generated[:need].cpu().tolist()
-    del ar_dec
+    continuation, prefill_ms = ar_continuation(ar_cfg)
     ar = measure_decoder(lambda graph: ARDecoder(model, prompt, ar_cfg, cuda_graph=graph), plan, cuda)
     rows = [{"mode": "AR", "budget": 0, "noise": None, "drafter": None, **ar}]
     for noise in plan.noises:
@@ -185,8 +188,30 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
                       f"tau {rows[-1]['tau_eager']:.2f}", flush=True)
     layout, learned = dflash_rows(model, prompt, plan, decode_cfg, cuda)
     rows += learned
-    for row in (r for r in rows if "error" not in r):  # greedy-exact: every decoder commits the AR tokens
-        row["tokens_match_ar"] = all(tokens == continuation[: len(tokens)] for tokens in row.pop("generated"))
+    for row in rows:
+        row["batch_invariant"] = False
+    # The batch-invariant mode beside the fast one: AR and the exact oracle at the middle budget.
+    exact_cfg = decode_cfg(0, need + plan.block_size, batch_invariant=True)
+    exact_continuation, _ = ar_continuation(exact_cfg)
+    budget = plan.budgets[len(plan.budgets) // 2]
+    oracle = OracleDrafter(exact_continuation, cfg.vocab_size, plan.block_size - 1, noise=0.0, seed=0,
+                           num_positions=plan.max_new_tokens + plan.block_size, device=device)
+    for key, make in (({"mode": "AR", "budget": 0, "noise": None, "drafter": None},
+                       lambda graph: ARDecoder(model, prompt, exact_cfg, cuda_graph=graph)),
+                      ({"mode": "DDTree", "budget": budget, "noise": 0.0, "drafter": "oracle"},
+                       functools.partial(ddtree_decoder, model, prompt,
+                                         decode_cfg(budget, plan.max_new_tokens, batch_invariant=True), oracle))):
+        rows.append(guarded(key, lambda key=key, make=make: {**key, **measure_decoder(make, plan, cuda)}))
+        rows[-1]["batch_invariant"] = True
+        fast = next(r for r in rows if not r["batch_invariant"] and all(r[k] == key[k] for k in key))
+        for mode in ("eager", "graph"):
+            rows[-1][f"over_fast_{mode}"] = ratio(rows[-1].get(f"{mode}_step_ms"), fast.get(f"{mode}_step_ms"))
+        if "error" not in rows[-1]:
+            print(f"  batch-invariant {key['mode']} B={key['budget']}: eager {rows[-1]['eager_step_ms']:.3f} ms/step, "
+                  f"{rows[-1]['over_fast_eager']:.2f}x the fast mode's", flush=True)
+    for row in (r for r in rows if "error" not in r):  # every decoder commits its mode's AR tokens
+        reference = exact_continuation if row["batch_invariant"] else continuation
+        row["tokens_match_ar"] = all(tokens == reference[: len(tokens)] for tokens in row.pop("generated"))
         for mode in ("eager", "graph"):
             row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar[f"{mode}_tokens_per_s"])
             row[f"step_over_ar_{mode}"] = ratio(row[f"{mode}_step_ms"], ar[f"{mode}_step_ms"])
@@ -197,11 +222,13 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
 
 STEP_COLUMNS = [
     Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
-    Column("tau_eager", "tau", "{:.2f}"), Column("eager_step_ms", "eager ms/step", "{:.3f}"),
+    Column("batch_invariant", "batch-inv."), Column("tau_eager", "tau", "{:.2f}"),
+    Column("eager_step_ms", "eager ms/step", "{:.3f}"),
     Column("graph_step_ms", "graph ms/step", "{:.3f}"), Column("eager_tokens_per_s", "eager tok/s", "{:.0f}"),
     Column("graph_tokens_per_s", "graph tok/s", "{:.0f}"), Column("speedup_eager", "speedup eager", "{:.2f}"),
     Column("speedup_graph", "speedup graph", "{:.2f}"), Column("step_over_ar_eager", "step/AR eager", "{:.2f}"),
-    Column("step_over_ar_graph", "step/AR graph", "{:.2f}"), Column("tokens_match_ar", "tokens == AR"),
+    Column("step_over_ar_graph", "step/AR graph", "{:.2f}"), Column("over_fast_eager", "vs fast eager", "{:.2f}"),
+    Column("over_fast_graph", "vs fast graph", "{:.2f}"), Column("tokens_match_ar", "tokens == AR"),
 ]
 SHARE_COLUMNS = [Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"),
                  Column("noise", "noise", "{:g}"),
