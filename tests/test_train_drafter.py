@@ -166,3 +166,8 @@ def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, cap
     assert 0 < result["distinct_4gram_rate"] <= 1 and "tau / chain" in out
     tree = result["rows"][2]
     assert tree["tau"] >= result["rows"][1]["tau"] - 1e-9 and len(tree["per_position_acceptance"]) == 7
+    assert all(r["real_divergences"] == 0 for r in result["rows"])
+    assert bench_pair.main(["--model", str(target), "--drafter", str(drafter), "--quick", "--device", "cpu",
+                            "--batch-invariant", "--prompts", "2", "--out", str(tmp_path)]) == 0
+    exact = json.loads((tmp_path / "pair-cpu.json").read_text())
+    assert "batch-invariant" in exact["setup"] and all(r["exact"] == "2/2" for r in exact["rows"])
