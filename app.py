@@ -3,19 +3,19 @@ import streamlit as st
 
 from ui import settings, state
 
-st.set_page_config(page_title="DDTree Studio", page_icon=":material/account_tree:", layout="wide")
+st.set_page_config(page_title="DDTree Studio", page_icon="🌳", layout="wide")
 state.init()
 settings.init_widgets()
 
 page = st.navigation([
-    st.Page("app_pages/decode.py", title="Decode", icon=":material/play_arrow:", default=True),
-    st.Page("app_pages/profile.py", title="Profile", icon=":material/speed:"),
-    st.Page("app_pages/compare.py", title="Compare", icon=":material/difference:"),
-    st.Page("app_pages/report.py", title="Report", icon=":material/download:"),
+    st.Page("app_pages/decode.py", title="Decode", icon="▶️", default=True),
+    st.Page("app_pages/profile.py", title="Profile", icon="⏱️"),
+    st.Page("app_pages/compare.py", title="Compare", icon="⚖️"),
+    st.Page("app_pages/report.py", title="Report", icon="📄"),
 ])
 notice = state.apply(settings.sidebar())
 if notice:
-    st.info(notice, icon=":material/restart_alt:")
+    st.info(notice, icon="🔄")
 if state.settings() is None:
     st.warning("Enter a valid prompt in the sidebar to decode.")
     st.stop()

@@ -11,7 +11,7 @@ st.caption("The same prompt and settings decoded with plain greedy AR and with t
 runs = state.runs()
 for mode, summary in summarize_runs(runs).items():
     exact, sentence = views.verdict(summary)
-    (st.success if exact else st.error)(sentence, icon=":material/check_circle:" if exact else ":material/error:")
+    (st.success if exact else st.error)(sentence, icon="✅" if exact else "❌")
     div = summary["first_divergence"]
     if div is not None:
         c1, c2, c3 = st.columns(3)

@@ -8,7 +8,7 @@ from profiling.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
 from ui import charts, drafter_health, state, views
 
 st.title("Profile")
-if st.button("Re-run", icon=":material/refresh:", help="Decode AR and the speculative runs again and re-measure."):
+if st.button("Re-run", icon="🔁", help="Decode AR and the speculative runs again and re-measure."):
     state.forget_runs()
 runs = state.runs()
 summaries = summarize_runs(runs)
@@ -47,7 +47,7 @@ st.caption("The same prompt decoded with DDTree at each budget B; the fastest B 
 budgets_col, repeats_col = st.columns([4, 1])
 text = budgets_col.text_input("Budgets", ", ".join(map(str, DEFAULT_BUDGETS)), key="sweep_budgets")
 repeats = repeats_col.number_input("Repeats", 1, 20, 3, key="sweep_repeats", help="Decodes per budget, fastest kept")
-if st.button("Run sweep", icon=":material/tune:"):
+if st.button("Run sweep", icon="📈"):
     try:
         budgets = parse_budgets(text)
     except ValueError as exc:

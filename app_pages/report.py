@@ -29,5 +29,5 @@ for summary in summarize_runs(runs).values():
 for name, (mime, what) in FORMATS.items():
     button_col, text_col = st.columns([1, 4], vertical_alignment="center")
     button_col.download_button(name, files[name], file_name=name, mime=mime, on_click="ignore",
-                               icon=":material/download:", width="stretch", key=f"download_{name}")
+                               icon="⬇️", width="stretch", key=f"download_{name}")
     text_col.markdown(f"{what} · {len(files[name]):,} bytes")
