@@ -1,4 +1,6 @@
 """DDTree Studio: `streamlit run app.py`. The router: per-tab state, the shared sidebar, then the chosen page."""
+import pandas  # noqa: F401 - imported once here: plotly imports it lazily, and several sessions' script threads
+import plotly.express  # noqa: F401 - importing it at once on a cold server hit "partially initialized module"
 import streamlit as st
 
 from ui import settings, state
@@ -13,10 +15,11 @@ page = st.navigation([
     st.Page("app_pages/compare.py", title="Compare", icon="⚖️"),
     st.Page("app_pages/report.py", title="Report", icon="📄"),
 ])
-notice = state.apply(settings.sidebar())
+chosen, invalid = settings.sidebar()
+notice = state.apply(chosen)
 if notice:
     st.info(notice, icon="🔄")
 if state.settings() is None:
-    st.warning("Enter a valid prompt in the sidebar to decode.")
+    st.warning(f"Decoding waits for a valid {' and a valid '.join(invalid)}: the sidebar says what is wrong.")
     st.stop()
 page.run()

@@ -3,11 +3,14 @@ import streamlit as st
 
 from profiling.figures import mask_figure, tree_figure
 from ui import state, views
+from ui.settings import checkpoint
 
 s = state.settings()
+ckpt = checkpoint(s.model)
+piece = views.piece_of(ckpt)
 st.title("Decode")
 st.caption(f"{s.model} · prompt of {len(s.prompt)} tokens · {s.drafter.label()} drafter · {s.stepped_mode} · "
-           f"B = {s.budget}, block size {s.block_size} · {s.device} {s.dtype}")
+           f"B = {s.budget}, block size {s.block_size} · {s.decode_config().sampling} · {s.device} {s.dtype}")
 
 reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], vertical_alignment="bottom")
 num_run = n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
@@ -44,18 +47,22 @@ if not steps:
     st.stop()
 
 st.subheader("Committed tokens")
-st.html(views.tokens_html(tokens))
-st.caption("Coloured by the step that committed them (grey: the prefill's token). Hover a token for its step.")
+st.html(views.tokens_html(tokens, piece))
+st.caption("Coloured by the step that committed them (grey: the prefill's token). Hover a token for its id and "
+           "step." + ("" if piece is None else " Pieces show a space as ·, a newline as ↵, a tab as →."))
+if ckpt.tokenizer is not None:
+    with st.container(key="text"):
+        st.html(views.text_html(ckpt.tokenizer.decode(s.prompt), ckpt.tokenizer.decode(t for t, _ in tokens)))
 
 if not 0 <= st.session_state.get("inspect_step", -1) < len(steps):
     st.session_state.inspect_step = len(steps) - 1
 index = st.selectbox("Inspect step", range(len(steps)), key="inspect_step",
                      format_func=lambda i: f"step {i}" + (" (latest)" if i == len(steps) - 1 else ""))
 step = steps[index]
-st.markdown(views.tree_caption(step))
+st.markdown(views.tree_caption(step, piece))
 tree_col, mask_col = st.columns(2)
 with tree_col.container(key="tree"):
-    st.plotly_chart(tree_figure(step), width="stretch", config={"displaylogo": False})
+    st.plotly_chart(tree_figure(step, piece), width="stretch", config={"displaylogo": False})
 with mask_col.container(key="mask"):
     st.plotly_chart(mask_figure(step), width="stretch", config={"displaylogo": False})
 

@@ -25,8 +25,12 @@ FIXTURE = ROOT / "tests" / "refs" / "model_tiny.kdtr"
 TIMEOUT = 600  # the first run in a fresh checkout builds the kernels
 
 
-def start() -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+def start(model: str | None = FIXTURE.name) -> AppTest:
+    """A fresh tab with `model` chosen in the sidebar before the first run (None: the app's default model)."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    if model is not None:
+        at.session_state["model"] = model
+    at.run()
     assert not at.exception, at.exception
     return at
 
@@ -47,7 +51,8 @@ def press(at: AppTest, label: str) -> AppTest:
 
 
 def shown_tokens(at: AppTest) -> list[int]:
-    return [int(t) for t in re.findall(r">(\d+)</span>", at.html[0].value)]
+    """The ids of the committed-token chips (each chip's hover text starts with its id)."""
+    return [int(t) for t in re.findall(r'title="id (\d+) ', at.html[0].value)]
 
 
 def plotly_specs(at: AppTest) -> list[str]:
@@ -108,7 +113,7 @@ def test_decode_page_steps_shows_trees_and_matches_ar(tiny_checkpoint):
 
 @pytest.mark.parametrize("key, new_value, field", [
     ("noise", 0.35, "noise"), ("seed", 7, "seed"), ("budget", 9, "budget"), ("block_size", 4, "block_size"),
-    ("max_new_tokens", 10, "max_new_tokens"), ("dtype", "bfloat16", "dtype")])
+    ("max_new_tokens", 10, "max_new_tokens"), ("dtype", "bfloat16", "dtype"), ("temperature", 0.5, "temperature")])
 def test_changing_a_setting_resets_and_says_so(key, new_value, field):
     at = start()
     press(at, "Step")
@@ -189,7 +194,7 @@ def test_corrupt_upload_shows_the_loaders_error_and_the_app_keeps_working():
     run(at)
     assert not at.sidebar.error
     model = at.sidebar.selectbox(key="model")
-    assert model.value.startswith("copy.kdtr (") and model.options[0] == "model_tiny.kdtr"
+    assert model.value.startswith("copy.kdtr (") and "model_tiny.kdtr" in model.options
     assert metric(at, "Steps") == "0" and "model model_tiny.kdtr -> copy.kdtr" in at.info[0].value
     press(at, "Step")
     assert metric(at, "Steps") == "1"

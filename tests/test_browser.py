@@ -160,7 +160,9 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
         trees.append(tree_data(page))
     assert trees[0] != trees[2], "the tree figure follows the newest step"
     expect(page.get_by_text(re.compile(r"^Step 2: tree of \d+ nodes"))).to_be_visible()
-    tokens = [int(t) for t in page.locator('[data-testid="stHtml"] span').all_inner_texts()]
+    chips = page.locator('[data-testid="stHtml"] span[title^="id "]')
+    tokens = [int(chips.nth(i).get_attribute("title").split()[1]) for i in range(chips.count())]
+    assert tokens, "the committed tokens show as chips, their ids on hover"
     shot(page, shots, "decode")
 
     open_page(page, "Profile")

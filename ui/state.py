@@ -7,10 +7,12 @@ Each browser tab has its own session_state, so two tabs never share a decoder. K
   reports   export file name -> bytes rendered from runs (None until the Report page asks)
   sweep     the budget sweep's rows (None until run)
   uploads   uploaded or path-loaded checkpoints that loaded, by display name
+  model_ids their identities (ui.settings.model_id), by display name
 """
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from collections.abc import Callable
 
 import streamlit as st
@@ -35,6 +37,7 @@ def init() -> None:
     ss.setdefault("reports", None)
     ss.setdefault("sweep", None)
     ss.setdefault("uploads", {})
+    ss.setdefault("model_ids", {})
     ss.setdefault("upload_error", None)
 
 
@@ -56,7 +59,10 @@ def apply(new: Settings | None) -> str | None:
     changed = []
     for f in dataclasses.fields(Settings):
         a, b = getattr(old, f.name), getattr(new, f.name)
-        if a == b:
+        if a == b or (f.name == "model_id" and old.model != new.model):
+            continue
+        if f.name == "model_id":
+            changed.append(f"model {new.model} changed on disk and was loaded again")
             continue
         if isinstance(a, DrafterSpec) and a.name == b.name:  # the drafter's own settings, one by one
             changed += [f"{k} {_short(v)} -> {_short(b.settings()[k])}" for k, v in a.settings().items()
@@ -77,17 +83,26 @@ def _short(value: object) -> str:
 
 
 def _model(s: Settings) -> TargetModel:
-    return _engine(resources.target_model, s.model, checkpoint(s.model), s.device, s.dtype)
+    return _engine(resources.target_model, s.model_id, checkpoint(s.model), s.device, s.dtype)
 
 
 def _engine(call: Callable, *args, **kwargs):
-    """Run an engine call; a ValueError (bad input, no room in the cache, ...) or a failed kernel build is shown
-    and stops the page."""
+    """Run an engine call; any error it raises (bad input, no room in the cache, a failed kernel build, a bug)
+    is shown as a message with its traceback in an expander, and stops this page; the app stays usable."""
     try:
         return call(*args, **kwargs)
-    except (ValueError, ExtensionBuildError) as exc:
-        st.error(f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - every engine error becomes a message, never a raw exception
+        show_error(exc)
         st.stop()
+
+
+def show_error(exc: Exception) -> None:
+    """An engine error as the dashboard shows it: the message, then the traceback on request."""
+    expected = isinstance(exc, (ValueError, ExtensionBuildError))
+    st.error(f"{type(exc).__name__}: {exc}" + ("" if expected else " (an unexpected error: the traceback below "
+                                                                    "says where)"))
+    with st.expander("Traceback"):
+        st.code("".join(traceback.format_exception(exc)), language=None)
 
 
 def reset() -> None:

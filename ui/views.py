@@ -1,7 +1,12 @@
 """Small renderers shared by the pages: coloured token strips and per-step tables."""
 from __future__ import annotations
 
+import html
+from collections.abc import Callable
+
+from engine.checkpoint import Checkpoint
 from engine.records import MODE_LABELS, RunRecord, StepRecord
+from engine.text import TokenizerError
 from profiling.metrics import committing_step, stage_ns, top2_gap
 
 # Pastel colours that keep dark token text readable, cycled per step; the prefill token is grey.
@@ -18,14 +23,38 @@ def step_colour(step: int) -> str:
     return PREFILL_COLOUR if step < 0 else STEP_COLOURS[step % len(STEP_COLOURS)]
 
 
-def tokens_html(tokens: list[tuple[int, int]]) -> str:
-    """Token ids as chips coloured by the step that committed them (-1: the prefill); hover names the step."""
+def piece_of(ckpt: Checkpoint) -> Callable[[int], str] | None:
+    """The model's token -> display piece (engine.text.Tokenizer.piece), None without a tokenizer; an id the
+    tokenizer does not know shows as <id N>."""
+    tokenizer = ckpt.tokenizer
+    if tokenizer is None:
+        return None
+
+    def piece(token: int) -> str:
+        try:
+            return tokenizer.piece(int(token))
+        except TokenizerError:
+            return f"<id {int(token)}>"
+    return piece
+
+
+def tokens_html(tokens: list[tuple[int, int]], piece: Callable[[int], str] | None = None) -> str:
+    """Tokens as chips coloured by the step that committed them (-1: the prefill), showing their text piece
+    where the model has a tokenizer (else the id); hover gives the id and the step."""
     chips = []
     for token, step in tokens:
         label = "prefill" if step < 0 else f"step {step}"
-        chips.append(f'<span title="{label}" style="background:{step_colour(step)};border-radius:4px;'
-                     f'padding:2px 6px;margin:2px;display:inline-block;font-family:monospace">{int(token)}</span>')
+        text = str(int(token)) if piece is None else piece(token)
+        chips.append(f'<span title="id {int(token)} · {label}" style="background:{step_colour(step)};'
+                     f'border-radius:4px;padding:2px 6px;margin:2px;display:inline-block;font-family:monospace;'
+                     f'white-space:pre">{html.escape(text)}</span>')
     return f'<div style="line-height:2">{"".join(chips)}</div>' if chips else ""
+
+
+def text_html(prompt: str, generated: str) -> str:
+    """The prompt (grey) followed by the generated text, whitespace kept."""
+    return (f'<pre style="white-space:pre-wrap;font-size:0.9em;padding:8px;background:#f8f8f8;border-radius:4px">'
+            f'<span style="color:#888">{html.escape(prompt)}</span>{html.escape(generated)}</pre>')
 
 
 def stage_rows(step: StepRecord) -> list[dict]:
@@ -35,13 +64,16 @@ def stage_rows(step: StepRecord) -> list[dict]:
             for name, ns in stage_ns(step).items()]
 
 
-def tree_caption(step: StepRecord) -> str:
+def tree_caption(step: StepRecord, piece: Callable[[int], str] | None = None) -> str:
     tree = step.tree
     num_padding = sum(1 for i, p in enumerate(tree.parents) if i > 0 and p < 0)
     padding = f", {num_padding} of them padding" if num_padding else ""
-    path = " -> ".join(f"{n} ({tree.tokens[n]})" for n in step.path)
+
+    def token(t: int) -> str:
+        return str(t) if piece is None else f"{t} `{piece(t)}`"
+    path = " -> ".join(f"{n} ({token(tree.tokens[n])})" for n in step.path)
     return (f"Step {step.index}: tree of **{tree.num_nodes} nodes** (root + {tree.num_nodes - 1} drafted{padding}), "
-            f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{step.bonus}**.")
+            f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{token(step.bonus)}**.")
 
 
 def compare_rows(runs: dict[str, RunRecord]) -> list[dict]:
