@@ -2,7 +2,7 @@
 import streamlit as st
 
 from profiling.figures import mask_figure, tree_figure
-from ui import state, views
+from ui import charts, state, views
 from ui.settings import checkpoint
 
 s = state.settings()
@@ -73,3 +73,18 @@ t.metric("Step time", f"{step.step_ns / 1e6:.2f} ms" if "step" in step.timings_n
 st.dataframe(views.stage_rows(step), hide_index=True, width="stretch", height="content",
              column_config={"ms": st.column_config.NumberColumn(format="%.3f"),
                             "share": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")})
+
+if step.probs is not None and s.temperature > 0:
+    st.subheader("Probabilities")
+    st.caption("At T > 0 the target samples, so acceptance is a chance. Expected accepted: the sum over drafted "
+               "nodes of the chance the walk reaches and accepts each (the target's probabilities); the drafter's "
+               "surrogate: the same sum from the drafter's own cumulative probabilities.")
+    e1, e2, e3 = st.columns(3)
+    e1.metric("Expected accepted (target)", f"{step.probs.expected_accepted:.2f}")
+    e2.metric("Drafter's surrogate", f"{step.probs.draft_expected:.2f}")
+    e3.metric("Accepted (realised)", step.num_accepted)
+    st.plotly_chart(charts.expected_acceptance(steps), width="stretch")
+    fmt = st.column_config.NumberColumn(format="%.4f")
+    st.dataframe(views.node_prob_rows(step, piece), hide_index=True, width="stretch", key="node_probs",
+                 column_config={"target p": fmt, "drafter marginal": fmt, "moves on": fmt,
+                                "accepted": st.column_config.CheckboxColumn()})

@@ -18,8 +18,12 @@ columns[0].metric("AR tokens/s", views.number(first["ar_tokens_per_s"], ".1f"))
 for col, (mode, summary) in zip(columns[1:], summaries.items(), strict=True):
     label = MODE_LABELS[mode]
     col.metric(f"{label} tokens/s", views.number(summary["tokens_per_s"], ".1f"),
-               delta=f"{views.number(summary['speedup'], '.2f', 'x')} speedup, tau "
-                     f"{views.number(summary['tau'], '.2f')}", delta_color="off")
+               delta=f"{views.speedup(summary)} speedup, tau {views.number(summary['tau'], '.2f')}",
+               delta_color="off")
+for summary in summaries.values():
+    warning = views.divergence_warning(summary)
+    if warning:
+        st.warning(warning, icon="⚠️")
 
 st.subheader("Per-kernel timings")
 labels = {MODE_LABELS[m]: m for m in reversed(runs)}

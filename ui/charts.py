@@ -66,3 +66,20 @@ def sweep(rows: list[dict]) -> go.Figure:
     fig.update_xaxes(type="log" if min(budgets) > 0 else "linear", tickvals=budgets, title_text="budget B")
     fig.update_layout(height=340, margin={"t": 40, "b": 40})
     return fig
+
+
+def expected_acceptance(steps: list[StepRecord]) -> go.Figure:
+    """Per step: the expected number of accepted drafted tokens under the target (NodeProbs.expected_accepted),
+    the drafter's own surrogate of it (draft_expected) and the number actually accepted."""
+    index = [s.index for s in steps if s.probs is not None]
+    probs = [s.probs for s in steps if s.probs is not None]
+    fig = go.Figure([
+        go.Scatter(x=index, y=[p.expected_accepted for p in probs], mode="lines+markers", name="expected (target)"),
+        go.Scatter(x=index, y=[p.draft_expected for p in probs], mode="lines+markers", name="drafter's surrogate",
+                   line={"dash": "dot"}),
+        go.Bar(x=index, y=[s.num_accepted for s in steps if s.probs is not None], name="accepted (realised)",
+               marker={"color": "#c7c7c7"}, opacity=0.7)])
+    fig.update_layout(xaxis_title="step", yaxis_title="drafted tokens accepted", height=320,
+                      title="Acceptance per step: expected, the drafter's surrogate, realised",
+                      legend={"orientation": "h", "y": -0.25}, margin={"t": 50, "b": 40})
+    return fig

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from engine.checkpoint import Checkpoint
 from engine.records import MODE_LABELS, RunRecord, StepRecord
 from engine.text import TokenizerError
+from profiling import divergence
 from profiling.metrics import committing_step, stage_ns, top2_gap
 
 # Pastel colours that keep dark token text readable, cycled per step; the prefill token is grey.
@@ -76,6 +77,17 @@ def tree_caption(step: StepRecord, piece: Callable[[int], str] | None = None) ->
             f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{token(step.bonus)}**.")
 
 
+def node_prob_rows(step: StepRecord, piece: Callable[[int], str] | None = None) -> list[dict]:
+    """Per drafted node (padding left out): its token, where it sits, and what the target and the drafter give
+    it (StepRecord.probs): the target's probability of the token given its path, the drafter's marginal at its
+    depth, and the target's chance that the walk moves past it."""
+    tree, p = step.tree, step.probs
+    return [{"node": n, "token": tree.tokens[n] if piece is None else f"{tree.tokens[n]} {piece(tree.tokens[n])}",
+             "depth": tree.depths[n], "rank": tree.ranks[n], "parent": tree.parents[n], "accepted": n in step.path,
+             "target p": p.target[n], "drafter marginal": p.draft[n], "moves on": p.move_on[n]}
+            for n in range(1, tree.num_nodes) if tree.parents[n] >= 0]
+
+
 def compare_rows(runs: dict[str, RunRecord]) -> list[dict]:
     """Position by position: the AR token, each speculative run's token, whether they all agree, the AR logits'
     top-1/top-2 gap there (a near tie is where numerics could flip greedy) and the step that committed it."""
@@ -98,14 +110,27 @@ def compare_rows(runs: dict[str, RunRecord]) -> list[dict]:
 
 
 def verdict(summary: dict) -> tuple[bool, str]:
-    """(the speculative run emitted exactly the AR tokens?, the sentence that says so)."""
+    """(the speculative run emitted exactly the AR tokens?, the sentence that says so; where it did not, the
+    divergence's classification: profiling.divergence.verdict)."""
     n, label = summary["num_generated"], MODE_LABELS[summary["mode"]]
-    div = summary["first_divergence"]
     term = summary["exactness"]
     if summary["matches_ar"]:
         return True, (f"{term.capitalize()}: {label} emitted exactly the AR tokens ({n} of {n} positions equal, "
                       f"in {summary['num_steps']} {label} steps vs {summary['ar_num_steps']} AR steps).")
-    gap = "n/a" if div["logit_gap"] is None else f"{div['logit_gap']:.4g}"
-    return False, (f"NOT {term}: {label} first diverges from AR at position {div['position']} "
-                   f"(AR token {div['ar_token']}, {label} token {div['token']}); the AR logits' top-1/top-2 "
-                   f"gap there is {gap}.")
+    return False, divergence.verdict(summary, label) + "."
+
+
+def divergence_warning(summary: dict) -> str | None:
+    """None when the run's tokens equal AR's; else the warning every page that shows speed gives: the texts
+    differ, how (numerics near tie or a real divergence), and that the speedup compares different outputs."""
+    exact, sentence = verdict(summary)
+    if exact:
+        return None
+    return (f"The {MODE_LABELS[summary['mode']]} and AR texts differ. {sentence} Its speedup is measured over "
+            "different outputs.")
+
+
+def speedup(summary: dict) -> str:
+    """The speedup over AR, labelled when the two runs' outputs differ."""
+    text = number(summary["speedup"], ".2f", "x")
+    return text if summary["matches_ar"] else f"{text} (over different outputs)"
