@@ -3,11 +3,13 @@ import pandas  # noqa: F401 - imported once here: plotly imports it lazily, and 
 import plotly.express  # noqa: F401 - importing it at once on a cold server hit "partially initialized module"
 import streamlit as st
 
-from ui import settings, state
+from ui import kernel_status, query, settings, state
 
 st.set_page_config(page_title="DDTree Studio", page_icon="🌳", layout="wide")
 state.init()
+query.restore()
 settings.init_widgets()
+kernel_status.show()
 
 page = st.navigation([
     st.Page("app_pages/decode.py", title="Decode", icon="▶️", default=True),
@@ -16,9 +18,10 @@ page = st.navigation([
     st.Page("app_pages/report.py", title="Report", icon="📄"),
 ])
 chosen, invalid = settings.sidebar()
-notice = state.apply(chosen)
-if notice:
-    st.info(notice, icon="🔄")
+query.save()
+for notice in (query.notice(), state.apply(chosen)):
+    if notice:
+        st.info(notice, icon="🔄")
 if state.settings() is None:
     st.warning(f"Decoding waits for a valid {' and a valid '.join(invalid)}: the sidebar says what is wrong.")
     st.stop()

@@ -1,10 +1,12 @@
 """The dashboard under bad inputs and failures (Streamlit's AppTest): a model file replaced on disk loads again,
 an engine error of any type is shown with its traceback and the app keeps working, and the waiting message names
-the invalid input (the prompt, the drafter, or max new tokens out of the model's range)."""
+the invalid input (the prompt, the drafter, or max new tokens out of the model's range); the kernel build runs in
+the background from the app's start and says when it is done."""
 from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 
 import numpy as np
 from test_app import metric, press, run, shown_tokens, start
@@ -12,7 +14,7 @@ from test_app import metric, press, run, shown_tokens, start
 from engine.config import DecodeConfig
 from engine.kdtr import read_kdtr, write_kdtr
 from engine.session import decode
-from ui import state
+from ui import resources, state
 
 
 def load_path(at, path) -> None:
@@ -79,5 +81,23 @@ def test_the_waiting_message_names_the_invalid_input(tiny_checkpoint):
     at.sidebar.number_input(key="max_new_tokens").set_value(hi)
     run(at)
     assert not at.sidebar.error
+    press(at, "Step")
+    assert metric(at, "Steps") == "1"
+
+
+def test_the_kernel_build_starts_with_the_app_and_says_when_it_is_done(monkeypatch):
+    import kernels
+
+    gate, real = threading.Event(), kernels.load
+    monkeypatch.setattr(kernels, "load", lambda: gate.wait(60) and real())
+    resources.kernel_build.clear()
+    at = start()
+    assert "Building the DDTree kernels in the background" in at.info[0].value
+    assert not resources.kernel_build().done
+    gate.set()
+    resources.kernel_build().thread.join(60)
+    run(at)
+    assert not any("Building the DDTree kernels" in i.value for i in at.info)
+    assert at.toast[0].value.startswith("The DDTree kernel build is done")
     press(at, "Step")
     assert metric(at, "Steps") == "1"

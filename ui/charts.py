@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import plotly.graph_objects as go
-from plotly.colors import qualitative
+from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
 from engine.records import RunRecord, StepRecord
@@ -27,14 +27,22 @@ def self_ms(step: StepRecord) -> dict[str, float]:
     return out
 
 
+def distinct_colours(n: int) -> list[str]:
+    """n colours no two alike: Dark24's while they last, else n evenly spaced samples of the Turbo scale."""
+    if n <= len(qualitative.Dark24):
+        return list(qualitative.Dark24[:n])
+    return sample_colorscale("Turbo", [i / (n - 1) for i in range(n)])
+
+
 def kernel_bars(run: RunRecord) -> go.Figure:
     per_step = [self_ms(step) for step in run.steps]
     labels = list(dict.fromkeys(label for row in per_step for label in row))
+    colours = distinct_colours(len(labels))
     fig = go.Figure([go.Bar(name=label, x=[s.index for s in run.steps], y=[row.get(label, 0.0) for row in per_step],
-                            hovertemplate=f"{label}<br>step %{{x}}: %{{y:.3f}} ms<extra></extra>")
-                     for label in labels])
+                            marker_color=colour, hovertemplate=f"{label}<br>step %{{x}}: %{{y:.3f}} ms<extra></extra>")
+                     for label, colour in zip(labels, colours, strict=True)])
     fig.update_layout(barmode="stack", xaxis_title="step", yaxis_title="ms (self time)", height=420,
-                      colorway=qualitative.Dark24, title="Time per step by range (self time, layers folded)",
+                      title="Time per step by range (self time, layers folded)",
                       legend={"font": {"size": 10}}, margin={"t": 50, "b": 40})
     return fig
 
@@ -48,7 +56,7 @@ def step_timeline(step: StepRecord) -> go.Figure:
         orientation="h", marker={"color": [depth for _, depth in rows], "colorscale": "Viridis"},
         customdata=[[span.start_ns / 1e3, depth] for span, depth in rows],
         hovertemplate="%{y}<br>start %{customdata[0]:.1f} µs, %{x:.1f} µs<extra></extra>"))
-    fig.update_yaxes(autorange="reversed", tickfont={"size": 10})
+    fig.update_yaxes(autorange="reversed", tickfont={"size": 10}, automargin=True)  # range names shown whole
     fig.update_layout(xaxis_title="µs since the step started", height=max(300, 18 * len(rows) + 80),
                       margin={"t": 30, "b": 40})
     return fig

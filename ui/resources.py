@@ -9,6 +9,8 @@ import dataclasses
 import hashlib
 import pathlib
 import tempfile
+import threading
+import time
 
 import streamlit as st
 
@@ -22,13 +24,48 @@ MODELS_DIR = ROOT / "models"
 FIXTURES_DIR = ROOT / "tests" / "refs"
 
 
-@st.cache_resource(show_spinner="Building the DDTree kernels (the first build takes about a minute)...")
-def load_kernels() -> bool:
-    """Build/load the extension once per process; kernels.load() itself is cached too, this adds the spinner."""
+@dataclasses.dataclass(slots=True)
+class KernelBuild:
+    """The kernel build started in the background when the app starts (kernels.load() in a thread)."""
+
+    thread: threading.Thread
+    started: float  # time.monotonic()
+    finished: float | None = None
+    error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+    @property
+    def seconds(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+
+@st.cache_resource(show_spinner=False)
+def kernel_build() -> KernelBuild:
+    """Start building/loading the DDTree extension once per process, so that the first Step rarely waits."""
     import kernels
 
+    def work() -> None:
+        try:
+            kernels.load()
+        except Exception as exc:  # noqa: BLE001 - kept for load_kernels to raise where a decode needs them
+            build.error = exc
+        build.finished = time.monotonic()
+
+    build = KernelBuild(threading.Thread(target=work, name="ddtree-kernel-build", daemon=True), time.monotonic())
+    build.thread.start()
+    return build
+
+
+def load_kernels() -> None:
+    """Wait for the background build, then load the extension (kernels.load() is cached and thread-safe; a failed
+    build is tried again here and raises its ExtensionBuildError)."""
+    import kernels
+
+    kernel_build().thread.join()
     kernels.load()
-    return True
 
 
 def bundled_models() -> dict[str, pathlib.Path]:

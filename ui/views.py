@@ -10,9 +10,8 @@ from engine.text import TokenizerError
 from profiling import divergence
 from profiling.metrics import committing_step, stage_ns, top2_gap
 
-# Pastel colours that keep dark token text readable, cycled per step; the prefill token is grey.
-STEP_COLOURS = ("#cfe2f3", "#fce5cd", "#d9ead3", "#ead1dc", "#fff2cc", "#d0e0e3", "#f4cccc", "#d9d2e9")
 PREFILL_COLOUR = "#e0e0e0"
+GOLDEN_ANGLE = 137.508  # degrees: consecutive steps get hues far apart, and no two of the first hundreds match
 
 
 def number(value: float | None, spec: str, unit: str = "") -> str:
@@ -21,7 +20,11 @@ def number(value: float | None, spec: str, unit: str = "") -> str:
 
 
 def step_colour(step: int) -> str:
-    return PREFILL_COLOUR if step < 0 else STEP_COLOURS[step % len(STEP_COLOURS)]
+    """A pastel that keeps dark token text readable, its hue stepped by the golden angle (step 0 and step 8 no
+    longer look alike); alternate steps are a shade lighter. The prefill's token is grey."""
+    if step < 0:
+        return PREFILL_COLOUR
+    return f"hsl({step * GOLDEN_ANGLE % 360:.1f}, 70%, {82 if step % 2 else 88}%)"
 
 
 def piece_of(ckpt: Checkpoint) -> Callable[[int], str] | None:

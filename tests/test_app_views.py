@@ -1,0 +1,32 @@
+"""The dashboard's renderers without a server: colours that stay apart, and token chips that carry their pieces
+and ids."""
+from __future__ import annotations
+
+import html
+import random
+import re
+
+from ui.charts import distinct_colours
+from ui.views import PREFILL_COLOUR, step_colour, tokens_html
+
+
+def test_step_colours_do_not_repeat_and_alternate_in_shade():
+    colours = [step_colour(i) for i in range(200)]
+    assert len(set(colours)) == len(colours) and PREFILL_COLOUR not in colours
+    assert step_colour(0) != step_colour(8)
+    lightness = [int(re.search(r"(\d+)%\)$", c).group(1)) for c in colours[:4]]
+    assert lightness[0] != lightness[1] and lightness[0] == lightness[2]
+
+
+def test_distinct_colours_stay_distinct_past_the_palette():
+    for n in (1, 5, 24, 25, random.randint(26, 120)):
+        colours = distinct_colours(n)
+        assert len(colours) == n and len(set(colours)) == n
+
+
+def test_token_chips_show_pieces_escaped_with_ids_and_steps_on_hover():
+    tokens = [(random.randrange(1000), step) for step in range(-1, 6)]
+    pieces = {t: f"<{t}&·>" for t, _ in tokens}
+    chips = re.findall(r'title="id (\d+) · ([^"]+)"[^>]*>([^<]*)</span>', tokens_html(tokens, pieces.get))
+    assert [(int(i), label, html.unescape(text)) for i, label, text in chips] == [
+        (t, "prefill" if s < 0 else f"step {s}", pieces[t]) for t, s in tokens]
