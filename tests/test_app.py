@@ -7,6 +7,7 @@ import os
 import pathlib
 import random
 import re
+import statistics
 import tempfile
 
 import pytest
@@ -18,6 +19,7 @@ from engine.config import DTYPES, DecodeConfig
 from engine.drafters import REGISTRY
 from engine.kdtr import read_kdtr
 from engine.session import decode
+from profiling.metrics import tokens_per_s
 from profiling.sweep import DEFAULT_BUDGETS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -216,18 +218,31 @@ def test_two_tabs_do_not_share_state():
 def test_profile_page_tables_charts_and_sweep():
     at = start()
     run(at.switch_page("app_pages/profile.py"))
+    assert len(at.session_state["repeats"]) == at.number_input(key="profile_repeats").value == 5, "the default"
+    count = random.randint(2, 4)
+    at.number_input(key="profile_repeats").set_value(count)
+    run(at)
+    repeated = at.session_state["repeats"]
     runs = at.session_state["runs"]
+    assert len(repeated) == count and any(r is runs for r in repeated), "the shown run is one of the repeats"
     ar, dd = runs["ar"], runs["ddtree"]
     tau = sum(s.num_committed for s in dd.steps) / dd.num_steps
-    delta = next(m for m in at.metric if m.label == "DDTree tokens/s").delta
-    assert delta.endswith(f"tau {tau:.2f}") and float(delta.split("x")[0]) > 0
-    table = at.dataframe[0].value
+    shown = next(m for m in at.metric if m.label == "DDTree tokens/s")
+    assert shown.value == f"{statistics.median(tokens_per_s(r['ddtree']) for r in repeated):.1f}"
+    speedup = statistics.median(tokens_per_s(r["ddtree"]) / tokens_per_s(r["ar"]) for r in repeated)
+    assert shown.delta == f"{speedup:.2f}x speedup, tau {tau:.2f}"
+    stats = at.dataframe[0].value
+    assert (stats["n"] == count).all() and {"tokens/s", "speedup", "TTFT ms", "ITL p95 ms"} <= set(stats["statistic"])
+    spreads = stats[stats["statistic"].isin(["tokens/s", "speedup"])]
+    large = ((spreads["p90"] - spreads["p10"]) / spreads["median"] > 0.2).sum()
+    assert sum(w.value.startswith("Large spread: ") for w in at.warning) == large, "a warning per large spread"
+    table = at.dataframe[1].value
     assert table["count"].max() == dd.num_steps and "verify_attn" in " ".join(table["range"])
     assert len(plotly_specs(at)) == 4  # kernel bars, step timeline, acceptance histogram, per-position
 
     at.radio(key="profile_run").set_value("AR")
     run(at)
-    assert at.dataframe[0].value["count"].max() == ar.num_steps
+    assert at.dataframe[1].value["count"].max() == ar.num_steps
     last = ar.num_steps - 1
     before = plotly_specs(at)[1]
     at.selectbox(key="timeline_step").set_value(last)
@@ -242,7 +257,7 @@ def test_profile_page_tables_charts_and_sweep():
     at.text_input(key="sweep_budgets").set_value(" ".join(map(str, budgets)))
     at.number_input(key="sweep_repeats").set_value(2)
     press(at, "Run sweep")
-    rows = at.dataframe[1].value
+    rows = at.dataframe[2].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
     assert len(plotly_specs(at)) == 5
 

@@ -17,6 +17,7 @@ from ui import prompt as prompt_input
 from ui import resources
 
 DEFAULTS = DecodeConfig()
+PROFILE_REPEATS = 5  # the Profile page's default number of measured repeats
 TREE_LABELS = {"tree": "DDTree", "chain": "chain", "both": "chain and DDTree"}
 
 
@@ -258,3 +259,4 @@ def init_widgets() -> None:
     ss.setdefault("top_p", DEFAULTS.top_p)
     ss.setdefault("sample_seed", DEFAULTS.seed)
     ss.setdefault("batch_invariant", DEFAULTS.batch_invariant)
+    ss.setdefault("profile_repeats", PROFILE_REPEATS)

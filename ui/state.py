@@ -4,6 +4,8 @@ Each browser tab has its own session_state, so two tabs never share a decoder. K
   settings  Settings the current decode was built with (None while the sidebar holds an invalid prompt)
   decoder   the step-wise decoder of the Decode page, DDTree or chain (None until the first Step)
   runs      mode -> RunRecord, AR first (decode_runs), for the Profile, Compare and Report pages (None until needed)
+  repeats   the Profile page's repeated runs (profiling.repeats.repeat_runs; None until needed); runs is then
+            their median repeat
   reports   export file name -> bytes rendered from runs (None until the Report page asks)
   sweep     the budget sweep's rows (None until run)
   uploads   uploaded or path-loaded checkpoints that loaded, by display name
@@ -24,6 +26,7 @@ from engine.session import decode_runs, make_decoder
 from engine.timers import StepTimer
 from kernels import ExtensionBuildError
 from profiling import metrics
+from profiling.repeats import median_repeat, repeat_runs
 from profiling.sweep import budget_sweep
 from ui import resources
 from ui.settings import Settings, checkpoint
@@ -34,6 +37,7 @@ def init() -> None:
     ss.setdefault("settings", None)
     ss.setdefault("decoder", None)
     ss.setdefault("runs", None)
+    ss.setdefault("repeats", None)
     ss.setdefault("reports", None)
     ss.setdefault("sweep", None)
     ss.setdefault("uploads", {})
@@ -53,7 +57,7 @@ def apply(new: Settings | None) -> str | None:
     if new == old:
         return None
     ss.settings = new
-    ss.decoder, ss.runs, ss.reports, ss.sweep = None, None, None, None
+    ss.decoder, ss.runs, ss.repeats, ss.reports, ss.sweep = None, None, None, None, None
     if old is None or new is None:
         return None
     changed = []
@@ -164,7 +168,23 @@ def runs() -> dict[str, RunRecord]:
 
 
 def forget_runs() -> None:
-    st.session_state.runs = st.session_state.reports = None
+    st.session_state.runs = st.session_state.repeats = st.session_state.reports = None
+
+
+def repeated(count: int) -> list[dict[str, RunRecord]]:
+    """`count` repeats of the current settings' runs (one warm-up first), measured once per settings and count;
+    runs() becomes their median repeat, so the other pages show a typical run."""
+    ss = st.session_state
+    if ss.repeats is None or len(ss.repeats) != count:
+        s = ss.settings
+        names = " and ".join(MODE_LABELS[m] for m in s.modes)
+        bar = st.progress(0.0, text=f"Measuring: {count} repeats of AR and {names}...")
+        ss.repeats = _engine(repeat_runs, checkpoint(s.model), list(s.prompt), s.decode_config(), count, s.drafter,
+                             s.modes, model=_model(s),
+                             on_progress=lambda done, total: bar.progress(done / total, text=f"Repeat {done}/{total}"))
+        bar.empty()
+        ss.runs, ss.reports = median_repeat(ss.repeats, s.stepped_mode), None
+    return ss.repeats
 
 
 def sweep(budgets: list[int], repeats: int, on_progress: Callable[[int, int], None]) -> list[dict]:

@@ -137,3 +137,22 @@ def speedup(summary: dict) -> str:
     """The speedup over AR, labelled when the two runs' outputs differ."""
     text = number(summary["speedup"], ".2f", "x")
     return text if summary["matches_ar"] else f"{text} (over different outputs)"
+
+
+def spread_text(s: dict) -> str:
+    """A statistic's median with its spread: "median 12.3 (p10-p90 11.9-12.8, min-max 11.5-13.0, n 5)"."""
+    if s["median"] is None:
+        return "-"
+    return (f"median {s['median']:.3g} (p10-p90 {s['p10']:.3g}-{s['p90']:.3g}, min-max {s['min']:.3g}-"
+            f"{s['max']:.3g}, n {s['n']})")
+
+
+STATISTICS = {"tokens_per_s": "tokens/s", "speedup": "speedup", "time_ms": "time ms", "ttft_ms": "TTFT ms",
+              "itl_p50_ms": "ITL p50 ms", "itl_p95_ms": "ITL p95 ms"}  # profiling.repeats' statistics, as shown
+
+
+def repeat_rows(measured: dict[str, dict]) -> list[dict]:
+    """profiling.repeats.summarize_repeats as table rows: one per mode and statistic (AR has no speedup)."""
+    fields = ("median", "p10", "p90", "min", "max", "n")
+    return [{"mode": MODE_LABELS[mode], "statistic": STATISTICS[key], **{k: row[key][k] for k in fields}}
+            for mode, row in measured.items() for key in STATISTICS if not (mode == "ar" and key == "speedup")]

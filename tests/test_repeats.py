@@ -1,0 +1,57 @@
+"""profiling.repeats: statistics against numpy, the spread rule, and repeated decodes of the tiny fixture."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from engine.config import DecodeConfig
+from engine.session import decode
+from profiling.metrics import run_time_ns, tokens_per_s
+from profiling.repeats import (
+    LARGE_SPREAD,
+    inter_token_ms,
+    median_repeat,
+    range_stats,
+    relative_spread,
+    repeat_runs,
+    stats,
+    summarize_repeats,
+)
+
+
+def test_stats_match_numpy_and_drop_missing_values():
+    xs = [random.uniform(0, 100) for _ in range(random.randint(1, 30))]
+    got = stats([*xs, None])
+    assert got["n"] == len(xs) and got["min"] == min(xs) and got["max"] == max(xs)
+    assert got["median"] == pytest.approx(np.median(xs))
+    assert (got["p10"], got["p90"]) == pytest.approx(tuple(np.percentile(xs, [10, 90])))
+    assert stats([None])["median"] is None and relative_spread(stats([None])) is None
+    assert relative_spread(stats([1.0, 1.0, 1.0])) == 0.0
+
+
+def test_repeated_runs_summarised(tiny_checkpoint):
+    prompt = tiny_checkpoint.prompt.tolist()
+    cfg = DecodeConfig(budget=random.randint(2, 30))
+    with pytest.raises(ValueError, match="repeats=0"):
+        repeat_runs(tiny_checkpoint, prompt, cfg, 0)
+    seen = []
+    repeated = repeat_runs(tiny_checkpoint, prompt, cfg, 3, on_progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 3), (2, 3), (3, 3)] and [list(r) for r in repeated] == [["ar", "ddtree"]] * 3
+    want = decode(tiny_checkpoint, prompt, cfg, "ar").tokens
+    assert all(r[m].tokens == want for r in repeated for m in r), "every repeat decodes the same tokens"
+    summary = summarize_repeats(repeated)
+    dd = summary["ddtree"]
+    assert dd["tokens_per_s"]["median"] == pytest.approx(np.median([tokens_per_s(r["ddtree"]) for r in repeated]))
+    assert dd["speedup"]["median"] == pytest.approx(
+        np.median([tokens_per_s(r["ddtree"]) / tokens_per_s(r["ar"]) for r in repeated]))
+    assert dd["ttft_ms"]["max"] == pytest.approx(max(r["ddtree"].prefill_ns for r in repeated) / 1e6)
+    assert dd["itl_p95_ms"]["median"] == pytest.approx(
+        np.median([np.percentile([s.wall_ns / 1e6 for s in r["ddtree"].steps], 95) for r in repeated]))
+    assert inter_token_ms(repeated[0]["ar"]) == [s.wall_ns / 1e6 for s in repeated[0]["ar"].steps]
+    assert dd["large_spread"] == [k for k in ("tokens_per_s", "speedup") if relative_spread(dd[k]) > LARGE_SPREAD]
+    times = sorted(run_time_ns(r["ddtree"]) for r in repeated)
+    assert run_time_ns(median_repeat(repeated, "ddtree")["ddtree"]) == times[1]
+    ranges = range_stats(repeated, "ddtree")
+    assert {"step", "step/verify"} <= set(ranges) and all(s["n"] == 3 for s in ranges.values())
