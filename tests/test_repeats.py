@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 
+from engine.__main__ import main
 from engine.config import DecodeConfig
 from engine.session import decode
 from profiling.metrics import run_time_ns, tokens_per_s
@@ -55,3 +56,20 @@ def test_repeated_runs_summarised(tiny_checkpoint):
     assert run_time_ns(median_repeat(repeated, "ddtree")["ddtree"]) == times[1]
     ranges = range_stats(repeated, "ddtree")
     assert {"step", "step/verify"} <= set(ranges) and all(s["n"] == 3 for s in ranges.values())
+
+
+def test_run_repeats_prints_the_statistics_and_rejects_bad_counts(capsys):
+    fixture = "tests/refs/model_tiny.kdtr"
+    assert main(["run", "--fixture", fixture, "--repeats", "2", "--budget", "8"]) == 0
+    out = capsys.readouterr()
+    lines = [line.split() for line in out.out.splitlines()]
+    assert "2 repeats after one warm-up:" in out.out and out.err.count("repeat ") == 2
+    rows = {tuple(line[:2]): [float(x) for x in line[2:]] for line in lines if line[:2] in (
+        ["DDTree", "tokens_per_s"], ["DDTree", "speedup"], ["AR", "ttft_ms"])}
+    assert len(rows) == 3 and ("AR", "speedup") not in rows
+    for median, p10, p90, lo, hi in rows.values():
+        assert lo <= p10 <= median <= p90 <= hi
+    for bad, message in ((["--repeats", "0"], "expected an integer >= 1"), (["--repeats", "2", "--profile"],
+                                                                              "captures one run")):
+        assert main(["run", "--fixture", fixture, *bad]) == 2
+        assert message in capsys.readouterr().err
