@@ -65,10 +65,11 @@ index = st.selectbox("Timeline of step", range(run.num_steps), key="timeline_ste
 st.plotly_chart(charts.step_timeline(run.steps[index]), width="stretch")
 
 st.subheader("Acceptance")
-for summary in summaries.values():
-    hist_col, position_col = st.columns(2)
+for mode, summary in summaries.items():
+    hist_col, position_col, rank_col = st.columns(3)
     hist_col.plotly_chart(acceptance_figure(summary), width="stretch")
     position_col.plotly_chart(position_figure(summary), width="stretch")
+    rank_col.plotly_chart(charts.rank_figure(runs[mode], MODE_LABELS[mode]), width="stretch")
 drafter_health.panel(state.settings())
 
 st.subheader("Budget sweep")

@@ -238,7 +238,7 @@ def test_profile_page_tables_charts_and_sweep():
     assert sum(w.value.startswith("Large spread: ") for w in at.warning) == large, "a warning per large spread"
     table = at.dataframe[1].value
     assert table["count"].max() == dd.num_steps and "verify_attn" in " ".join(table["range"])
-    assert len(plotly_specs(at)) == 4  # kernel bars, step timeline, acceptance histogram, per-position
+    assert len(plotly_specs(at)) == 5  # kernel bars, step timeline, acceptance histogram, per-position, by rank
 
     at.radio(key="profile_run").set_value("AR")
     run(at)
@@ -259,7 +259,7 @@ def test_profile_page_tables_charts_and_sweep():
     press(at, "Run sweep")
     rows = at.dataframe[2].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
-    assert len(plotly_specs(at)) == 5
+    assert len(plotly_specs(at)) == 6
 
     press(at, "Re-run")
     assert at.session_state["runs"]["ddtree"] is not dd, "re-measured"

@@ -1,12 +1,15 @@
-"""The dashboard's renderers without a server: colours that stay apart, and token chips that carry their pieces
-and ids."""
+"""The dashboard's renderers without a server: colours that stay apart, token chips that carry their pieces and
+ids, and the acceptance-by-rank counts."""
 from __future__ import annotations
 
 import html
 import random
 import re
 
-from ui.charts import distinct_colours
+from engine.config import DecodeConfig
+from engine.drafters import DrafterSpec
+from engine.session import decode
+from ui.charts import accepted_ranks, distinct_colours
 from ui.views import PREFILL_COLOUR, step_colour, tokens_html
 
 
@@ -30,3 +33,12 @@ def test_token_chips_show_pieces_escaped_with_ids_and_steps_on_hover():
     chips = re.findall(r'title="id (\d+) · ([^"]+)"[^>]*>([^<]*)</span>', tokens_html(tokens, pieces.get))
     assert [(int(i), label, html.unescape(text)) for i, label, text in chips] == [
         (t, "prefill" if s < 0 else f"step {s}", pieces[t]) for t, s in tokens]
+
+
+def test_accepted_ranks_count_the_path_nodes_ranks(tiny_checkpoint):
+    run = decode(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), DecodeConfig(budget=random.randint(8, 40)),
+                 "ddtree", DrafterSpec("oracle", noise=0.6, seed=random.randrange(100)))
+    counts = accepted_ranks(run)
+    assert sum(counts) == sum(s.num_accepted for s in run.steps)
+    for rank, count in enumerate(counts):
+        assert count == sum(s.tree.ranks[n] == rank for s in run.steps for n in s.path[1:])

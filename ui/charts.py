@@ -91,3 +91,23 @@ def expected_acceptance(steps: list[StepRecord]) -> go.Figure:
                       title="Acceptance per step: expected, the drafter's surrogate, realised",
                       legend={"orientation": "h", "y": -0.25}, margin={"t": 50, "b": 40})
     return fig
+
+
+def accepted_ranks(run: RunRecord) -> list[int]:
+    """How many accepted drafted tokens were the drafter's rank 0, 1, 2, ... candidate at their depth."""
+    ranks = [step.tree.ranks[n] for step in run.steps for n in step.path[1:]]
+    counts = [0] * (max(ranks) + 1 if ranks else 0)
+    for r in ranks:
+        counts[r] += 1
+    return counts
+
+
+def rank_figure(run: RunRecord, label: str) -> go.Figure:
+    counts = accepted_ranks(run)
+    total = sum(counts) or 1
+    fig = go.Figure(go.Bar(x=list(range(len(counts))), y=counts, customdata=[c / total for c in counts],
+                           hovertemplate="rank %{x}: %{y} accepted tokens (%{customdata:.1%})<extra></extra>"))
+    fig.update_layout(title=f"{label}: accepted tokens by the drafter's rank at their depth", height=300,
+                      xaxis={"title": "draft rank (0: the drafter's top choice)", "dtick": 1},
+                      yaxis_title="accepted tokens", margin={"t": 50, "b": 40})
+    return fig
