@@ -6,16 +6,21 @@ from profiling.charts import acceptance_figure, position_figure
 from profiling.metrics import kernel_table, summarize_runs
 from profiling.repeats import LARGE_SPREAD, range_stats, relative_spread, summarize_repeats
 from profiling.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
-from ui import charts, drafter_health, state, views
+from ui import charts, drafter_health, source, state, views
 
 st.title("Profile")
-repeats_col, rerun_col = st.columns([1, 4], vertical_alignment="bottom")
-count = repeats_col.number_input("Repeats", 1, 50, key="profile_repeats",
-                                 help="Decodes of AR and each mode after one warm-up; the numbers are medians.")
-if rerun_col.button("Re-run", icon="🔁", help="Decode AR and the speculative runs again and re-measure."):
-    state.forget_runs()
-repeated = state.repeated(int(count))
-runs = state.runs()  # the median repeat
+stepped = source.pick("profile_source") == source.STEPPED
+if stepped:
+    repeated = [source.stepped_runs()]
+    runs = repeated[0]
+else:
+    repeats_col, rerun_col = st.columns([1, 4], vertical_alignment="bottom")
+    count = repeats_col.number_input("Repeats", 1, 50, key="profile_repeats",
+                                     help="Decodes of AR and each mode after one warm-up; the numbers are medians.")
+    if rerun_col.button("Re-run", icon="🔁", help="Decode AR and the speculative runs again and re-measure."):
+        state.forget_runs()
+    repeated = state.repeated(int(count))
+    runs = state.runs()  # the median repeat
 summaries = summarize_runs(runs)
 measured = summarize_repeats(repeated)
 columns = st.columns(1 + len(summaries))
@@ -28,7 +33,7 @@ for col, (mode, summary) in zip(columns[1:], summaries.items(), strict=True):
                      f"{views.number(summary['tau'], '.2f')}", delta_color="off",
                help=f"tokens/s {views.spread_text(measured[mode]['tokens_per_s'])}; speedup "
                     f"{views.spread_text(speedup)}")
-st.caption(f"Medians of {len(repeated)} repeats (after one warm-up); the table gives each statistic's spread. "
+st.caption(f"Medians of {len(repeated)} repeat(s) (after one warm-up); the table gives each statistic's spread. "
            "TTFT: the prefill's time, which yields the first token; ITL: the time between token deliveries (a step "
            "delivers its committed tokens at once), p50 and p95 within each repeat.")
 for mode, row in measured.items():
@@ -53,8 +58,8 @@ table = [{"range": "\u2003" * r["depth"] + r["name"].removeprefix("step/"), **{k
     "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "share")},
     "mean_ms median": spread[r["name"]]["median"], "mean_ms p10": spread[r["name"]]["p10"],
     "mean_ms p90": spread[r["name"]]["p90"]} for r in kernel_table(run)]
-st.caption(f"The {MODE_LABELS[chosen]} run of the median repeat; the last three columns: its ranges' mean ms "
-           f"over all {len(repeated)} repeats (median, p10, p90).")
+st.caption(f"The {MODE_LABELS[chosen]} run {'you stepped' if stepped and chosen != 'ar' else 'of the median repeat'}; "
+           f"the last three columns: its ranges' mean ms over all {len(repeated)} repeats (median, p10, p90).")
 st.dataframe(table, hide_index=True, width="stretch", height="content",
              column_config={**{k: st.column_config.NumberColumn(format="%.3f") for k in (
                  "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "mean_ms median", "mean_ms p10",

@@ -1,16 +1,19 @@
 """The dashboard's sampling and exactness controls (Streamlit's AppTest): temperature, top-k, top-p, seed and the
 batch-invariant toggle reach the DecodeConfig; at T > 0 the Decode page shows each node's probabilities and each
-step's expected acceptance; Profile, Compare and Report warn when the runs' texts differ."""
+step's expected acceptance; Profile, Compare and Report warn when the runs' texts differ; Profile and Compare measure
+the decode stepped on the Decode page when asked."""
 from __future__ import annotations
 
 import random
 
+import pytest
 from test_app import metric, press, run, shown_tokens, start
 
 from engine.config import DecodeConfig
 from engine.session import decode
 from profiling.divergence import verdict
 from profiling.metrics import summarize_runs
+from ui.source import FRESH, STEPPED
 
 
 def set_sampling(at, **values) -> DecodeConfig:
@@ -76,3 +79,26 @@ def test_every_page_warns_when_the_texts_differ():
     run(at.switch_page("app_pages/report.py"))
     assert sentence in at.warning[0].value
     assert any("(over different outputs) over AR" in v for v in at.markdown.values)
+
+
+def test_profile_and_compare_measure_the_decode_you_stepped():
+    at = start()
+    run(at.switch_page("app_pages/compare.py"))
+    assert at.radio(key="compare_source").options == [FRESH], "offered once the stepped decode is done"
+    run(at.switch_page("app_pages/decode.py"))
+    press(at, "Run to end")
+    stepped = at.session_state["decoder"]
+    run(at.switch_page("app_pages/compare.py"))
+    at.radio(key="compare_source").set_value(STEPPED)
+    run(at)
+    assert any("decode you stepped" in c.value for c in at.caption)
+    assert list(at.dataframe[0].value["DDTree"]) == stepped.record().tokens
+    run(at.switch_page("app_pages/profile.py"))
+    at.radio(key="profile_source").set_value(STEPPED)
+    run(at)
+    assert not any(w.key == "profile_repeats" for w in at.number_input), "one decode: no repeats"
+    table = at.dataframe[1].value
+    step_row = table[table["range"] == "step"].iloc[0]
+    assert step_row["count"] == len(stepped.steps)
+    assert step_row["total_ms"] == pytest.approx(sum(s.timings_ns["step"] for s in stepped.steps) / 1e6)
+    assert (at.dataframe[0].value["n"] == 1).all()
