@@ -60,10 +60,15 @@ def test_greedy_hides_the_probabilities_and_the_toggle_reaches_the_config():
     assert "batch_invariant False -> True" in at.info[0].value
 
 
+def differ_warnings(at) -> list[str]:
+    """The texts-differ warnings shown (a loaded machine may add large-spread warnings beside them)."""
+    return [w.value for w in at.warning if "texts differ" in w.value]
+
+
 def test_every_page_warns_when_the_texts_differ():
     at = start()
     run(at.switch_page("app_pages/profile.py"))
-    assert not at.warning
+    assert not differ_warnings(at)
     runs = at.session_state["runs"]
     dd = runs["ddtree"]
     position = random.randrange(1, len(dd.tokens))
@@ -71,13 +76,13 @@ def test_every_page_warns_when_the_texts_differ():
     summary = summarize_runs(runs)["ddtree"]
     sentence = verdict(summary, "DDTree")
     run(at)
-    assert "texts differ" in at.warning[0].value and sentence in at.warning[0].value
+    assert len(differ_warnings(at)) == 1 and sentence in differ_warnings(at)[0]
     assert "(over different outputs) speedup" in next(m for m in at.metric if m.label == "DDTree tokens/s").delta
     run(at.switch_page("app_pages/compare.py"))
     shown = (at.error or at.warning)[0].value
     assert sentence in shown and "different outputs" in shown
     run(at.switch_page("app_pages/report.py"))
-    assert sentence in at.warning[0].value
+    assert sentence in differ_warnings(at)[0]
     assert any("(over different outputs) over AR" in v for v in at.markdown.values)
 
 
