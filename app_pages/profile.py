@@ -49,6 +49,8 @@ for summary in summaries.values():
     if warning:
         st.warning(warning, icon="⚠️")
 
+st.plotly_chart(charts.runs_timeline(runs), width="stretch")
+
 st.subheader("Per-kernel timings")
 labels = {MODE_LABELS[m]: m for m in reversed(runs)}
 chosen = labels[st.radio("Run", list(labels), key="profile_run", horizontal=True)]

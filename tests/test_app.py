@@ -238,16 +238,16 @@ def test_profile_page_tables_charts_and_sweep():
     assert sum(w.value.startswith("Large spread: ") for w in at.warning) == large, "a warning per large spread"
     table = at.dataframe[1].value
     assert table["count"].max() == dd.num_steps and "verify_attn" in " ".join(table["range"])
-    assert len(plotly_specs(at)) == 5  # kernel bars, step timeline, acceptance histogram, per-position, by rank
+    assert len(plotly_specs(at)) == 6  # runs timeline, kernel bars, step timeline, 3 acceptance charts
 
     at.radio(key="profile_run").set_value("AR")
     run(at)
     assert at.dataframe[1].value["count"].max() == ar.num_steps
     last = ar.num_steps - 1
-    before = plotly_specs(at)[1]
+    before = plotly_specs(at)[2]
     at.selectbox(key="timeline_step").set_value(last)
     run(at)
-    assert plotly_specs(at)[1] != before, "the timeline shows the chosen step"
+    assert plotly_specs(at)[2] != before, "the timeline shows the chosen step"
 
     assert at.text_input(key="sweep_budgets").value == ", ".join(map(str, DEFAULT_BUDGETS))
     at.text_input(key="sweep_budgets").set_value("4, x")
@@ -259,7 +259,7 @@ def test_profile_page_tables_charts_and_sweep():
     press(at, "Run sweep")
     rows = at.dataframe[2].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
-    assert len(plotly_specs(at)) == 6
+    assert len(plotly_specs(at)) == 7
 
     press(at, "Re-run")
     assert at.session_state["runs"]["ddtree"] is not dd, "re-measured"

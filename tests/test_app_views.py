@@ -1,15 +1,18 @@
 """The dashboard's renderers without a server: colours that stay apart, token chips that carry their pieces and
-ids, and the acceptance-by-rank counts."""
+ids, the acceptance-by-rank counts and the shared time axis of the runs."""
 from __future__ import annotations
 
 import html
 import random
 import re
 
+import numpy as np
+import pytest
+
 from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
 from engine.session import decode
-from ui.charts import accepted_ranks, distinct_colours
+from ui.charts import accepted_ranks, distinct_colours, runs_timeline
 from ui.views import PREFILL_COLOUR, step_colour, tokens_html
 
 
@@ -42,3 +45,13 @@ def test_accepted_ranks_count_the_path_nodes_ranks(tiny_checkpoint):
     assert sum(counts) == sum(s.num_accepted for s in run.steps)
     for rank, count in enumerate(counts):
         assert count == sum(s.tree.ranks[n] == rank for s in run.steps for n in s.path[1:])
+
+
+def test_the_runs_share_one_time_axis(tiny_checkpoint):
+    prompt, cfg = tiny_checkpoint.prompt.tolist(), DecodeConfig(budget=random.randint(2, 20))
+    runs = {mode: decode(tiny_checkpoint, prompt, cfg, mode) for mode in ("ar", "ddtree")}
+    fig = runs_timeline(runs)
+    for trace, run in zip(fig.data, runs.values(), strict=True):
+        widths = [run.prefill_ns / 1e6, *(s.wall_ns / 1e6 for s in run.steps)]
+        assert list(trace.x) == pytest.approx(widths)
+        assert list(trace.base) == pytest.approx(np.cumsum([0.0, *widths[:-1]]))

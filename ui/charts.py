@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
-from engine.records import RunRecord, StepRecord
+from engine.records import MODE_LABELS, RunRecord, StepRecord
+from profiling.charts import MODE_COLORS
 from profiling.metrics import self_ns
 from profiling.spans import nested, step_spans
 from profiling.sweep import fastest
@@ -110,4 +111,26 @@ def rank_figure(run: RunRecord, label: str) -> go.Figure:
     fig.update_layout(title=f"{label}: accepted tokens by the drafter's rank at their depth", height=300,
                       xaxis={"title": "draft rank (0: the drafter's top choice)", "dtick": 1},
                       yaxis_title="accepted tokens", margin={"t": 50, "b": 40})
+    return fig
+
+
+def runs_timeline(runs: dict[str, RunRecord]) -> go.Figure:
+    """Every run on one time axis from its own start: the prefill, then each step as a bar as long as its wall
+    time, so AR's many short steps and DDTree's few long ones compare directly."""
+    fig = go.Figure()
+    for mode, run in runs.items():
+        starts, widths, names = [0.0], [run.prefill_ns / 1e6], ["prefill"]
+        for step in run.steps:
+            starts.append(starts[-1] + widths[-1])
+            widths.append(step.wall_ns / 1e6)
+            names.append(f"step {step.index}: {step.num_committed} tokens")
+        fig.add_trace(go.Bar(y=[MODE_LABELS[mode]] * len(widths), x=widths, base=starts, orientation="h",
+                             name=MODE_LABELS[mode], marker={"color": MODE_COLORS[mode], "line": {"width": 1,
+                                                                                                 "color": "white"}},
+                             customdata=names, hovertemplate="%{customdata}<br>%{base:.1f} ms + %{x:.2f} ms"
+                                                             "<extra></extra>"))
+    fig.update_layout(barmode="overlay", xaxis_title="ms since the run started (prefill, then each step)",
+                      height=120 + 60 * len(runs), showlegend=False, margin={"t": 30, "b": 40},
+                      title="The runs on one time axis")
+    fig.update_yaxes(autorange="reversed", automargin=True)
     return fig
