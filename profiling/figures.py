@@ -117,8 +117,9 @@ def tree_figure(step: StepRecord, piece: Callable[[int], str] | None = None) -> 
     return fig
 
 
-def mask_figure(step: StepRecord) -> go.Figure:
-    """The (B+1) x (B+1) visibility mask the step was verified with; cells between accepted nodes stand out."""
+def mask_figure(step: StepRecord, selected: int | None = None) -> go.Figure:
+    """The (B+1) x (B+1) visibility mask the step was verified with; cells between accepted nodes stand out.
+    selected: a node whose row (what it attends to) is outlined."""
     vis = np.asarray(step.tree.visibility, dtype=bool)  # [N, N]
     on_path = np.zeros(len(vis), dtype=bool)
     on_path[step.path] = True
@@ -132,4 +133,7 @@ def mask_figure(step: StepRecord) -> go.Figure:
                       xaxis={"title": "key node", "side": "top"},
                       yaxis={"title": "query node", "autorange": "reversed"},
                       margin={"l": 40, "r": 20, "t": 110, "b": 20})
+    if selected is not None:
+        fig.add_shape(type="rect", x0=-0.5, x1=len(vis) - 0.5, y0=selected - 0.5, y1=selected + 0.5,
+                      line={"color": COLORS["bonus"], "width": 2}, name=f"node {selected}")
     return fig

@@ -106,7 +106,9 @@ def test_decode_page_steps_shows_trees_and_matches_ar(tiny_checkpoint):
     assert any(v.startswith(f"Step {first}: tree of") for v in at.markdown.values)
     assert metric(at, "Tokens committed") == str(steps[first].num_committed)
     assert metric(at, "Drafted tokens accepted") == str(steps[first].num_accepted)
-    stages = at.dataframe[0].value
+    path_table = at.dataframe[0].value
+    assert list(path_table[path_table["accepted"]]["node"]) == steps[first].path, "the path, labelled"
+    stages = at.dataframe[1].value
     assert {"draft", "tree_build", "verify", "tree_accept", "kv_compact"} <= set(stages["stage"])
 
     press(at, "Reset")

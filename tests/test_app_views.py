@@ -1,5 +1,5 @@
 """The dashboard's renderers without a server: colours that stay apart, token chips that carry their pieces and
-ids, the acceptance-by-rank counts and the shared time axis of the runs."""
+ids, the acceptance-by-rank counts, the shared time axis of the runs, and the labelled path of a large tree."""
 from __future__ import annotations
 
 import html
@@ -12,8 +12,9 @@ import pytest
 from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
 from engine.session import decode
+from profiling.figures import mask_figure
 from ui.charts import accepted_ranks, distinct_colours, runs_timeline
-from ui.views import PREFILL_COLOUR, step_colour, tokens_html
+from ui.views import PREFILL_COLOUR, path_rows, step_colour, tokens_html
 
 
 def test_step_colours_do_not_repeat_and_alternate_in_shade():
@@ -55,3 +56,21 @@ def test_the_runs_share_one_time_axis(tiny_checkpoint):
         widths = [run.prefill_ns / 1e6, *(s.wall_ns / 1e6 for s in run.steps)]
         assert list(trace.x) == pytest.approx(widths)
         assert list(trace.base) == pytest.approx(np.cumsum([0.0, *widths[:-1]]))
+
+
+def test_path_rows_hold_the_path_and_its_siblings_and_the_mask_outlines_a_node(tiny_checkpoint):
+    run = decode(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), DecodeConfig(budget=random.randint(16, 200)),
+                 "ddtree", DrafterSpec("oracle", noise=0.5, seed=random.randrange(100)))
+    step = random.choice(run.steps)
+    tree = step.tree
+    rows = path_rows(step)
+    want = {0} | {c for n in step.path for c in range(1, tree.num_nodes) if tree.parents[c] == n}
+    assert {r["node"] for r in rows} == want and len(rows) == len(want)
+    for r in rows:
+        n = r["node"]
+        assert (r["token"], r["depth"], r["rank"], r["cum. log-prob"]) == (tree.tokens[n], tree.depths[n],
+                                                                             tree.ranks[n], tree.scores[n])
+        assert r["accepted"] == (n in step.path)
+    node = random.choice(sorted(want))
+    shape = mask_figure(step, node).layout.shapes[0]
+    assert (shape.y0, shape.y1) == (node - 0.5, node + 0.5) and not mask_figure(step).layout.shapes
