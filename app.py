@@ -5,23 +5,23 @@ import streamlit as st
 
 from ui import kernel_status, query, settings, state
 
-st.set_page_config(page_title="DDTree Studio", page_icon="🌳", layout="wide")
+st.set_page_config(page_title="DDTree Studio", layout="wide")
 state.init()
 query.restore()
 settings.init_widgets()
 kernel_status.show()
 
 page = st.navigation([
-    st.Page("app_pages/decode.py", title="Decode", icon="▶️", default=True),
-    st.Page("app_pages/profile.py", title="Profile", icon="⏱️"),
-    st.Page("app_pages/compare.py", title="Compare", icon="⚖️"),
-    st.Page("app_pages/report.py", title="Report", icon="📄"),
+    st.Page("app_pages/decode.py", title="Decode", default=True),
+    st.Page("app_pages/profile.py", title="Profile"),
+    st.Page("app_pages/compare.py", title="Compare"),
+    st.Page("app_pages/report.py", title="Report"),
 ])
 chosen, invalid = settings.sidebar()
 query.save()
 for notice in (query.notice(), state.apply(chosen)):
     if notice:
-        st.info(notice, icon="🔄")
+        st.info(notice)
 if state.settings() is None:
     st.warning(f"Decoding waits for a valid {' and a valid '.join(invalid)}: the sidebar says what is wrong.")
     st.stop()

@@ -15,9 +15,9 @@ for mode, summary in summarize_runs(runs).items():
     exact, sentence = views.verdict(summary)
     near_tie = not exact and summary["first_divergence"]["kind"] == NEAR_TIE
     if exact:
-        st.success(sentence, icon="✅")
+        st.success(sentence)
     else:
-        (st.warning if near_tie else st.error)(views.divergence_warning(summary), icon="⚠️" if near_tie else "❌")
+        (st.warning if near_tie else st.error)(views.divergence_warning(summary))
     div = summary["first_divergence"]
     if div is not None:
         c1, c2, c3 = st.columns(3)

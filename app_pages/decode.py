@@ -16,7 +16,7 @@ reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], ver
 num_run = n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
 finished = state.done()
 acted = False
-if reset_col.button("Reset", icon="⏮️", width="stretch"):
+if reset_col.button("Reset", width="stretch"):
     state.reset()
     acted = True
 if step_col.button("Step", type="primary", disabled=finished, width="stretch"):

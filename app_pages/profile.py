@@ -17,7 +17,7 @@ else:
     repeats_col, rerun_col = st.columns([1, 4], vertical_alignment="bottom")
     count = repeats_col.number_input("Repeats", 1, 50, key="profile_repeats",
                                      help="Decodes of AR and each mode after one warm-up; the numbers are medians.")
-    if rerun_col.button("Re-run", icon="🔁", help="Decode AR and the speculative runs again and re-measure."):
+    if rerun_col.button("Re-run", help="Decode AR and the speculative runs again and re-measure."):
         state.forget_runs()
     repeated = state.repeated(int(count))
     runs = state.runs()  # the median repeat
@@ -40,14 +40,14 @@ for mode, row in measured.items():
     for key in row["large_spread"]:
         st.warning(f"Large spread: {MODE_LABELS[mode]} {views.STATISTICS[key]} varies by "
                    f"{relative_spread(row[key]):.0%} of its median between p10 and p90 (the rule: more than "
-                   f"{LARGE_SPREAD:.0%}). Take more repeats or quiet the machine before trusting it.", icon="⚠️")
+                   f"{LARGE_SPREAD:.0%}). Take more repeats or quiet the machine before trusting it.")
 st.dataframe(views.repeat_rows(measured), hide_index=True, width="stretch", height="content", key="repeat_stats",
              column_config={k: st.column_config.NumberColumn(format="%.3f") for k in ("median", "p10", "p90", "min",
                                                                                      "max")})
 for summary in summaries.values():
     warning = views.divergence_warning(summary)
     if warning:
-        st.warning(warning, icon="⚠️")
+        st.warning(warning)
 
 st.plotly_chart(charts.runs_timeline(runs), width="stretch")
 
@@ -85,7 +85,7 @@ st.caption("The same prompt decoded with DDTree at each budget B; the fastest B 
 budgets_col, repeats_col = st.columns([4, 1])
 text = budgets_col.text_input("Budgets", ", ".join(map(str, DEFAULT_BUDGETS)), key="sweep_budgets")
 repeats = repeats_col.number_input("Repeats", 1, 20, 3, key="sweep_repeats", help="Decodes per budget, fastest kept")
-if st.button("Run sweep", icon="📈"):
+if st.button("Run sweep"):
     try:
         budgets = parse_budgets(text)
     except ValueError as exc:

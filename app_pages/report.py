@@ -26,11 +26,11 @@ for summary in summarize_runs(runs).values():
     exact, sentence = views.verdict(summary)
     warning = views.divergence_warning(summary)
     if warning:
-        st.warning(warning, icon="⚠️")
+        st.warning(warning)
     st.markdown(f"{sentence} tau {views.number(summary['tau'], '.2f')} tokens per {MODE_LABELS[summary['mode']]} "
                 f"step, speedup {views.speedup(summary)} over AR.")
 for name, (mime, what) in FORMATS.items():
     button_col, text_col = st.columns([1, 4], vertical_alignment="center")
-    button_col.download_button(name, files[name], file_name=name, mime=mime, on_click="ignore",
-                               icon="⬇️", width="stretch", key=f"download_{name}")
+    button_col.download_button(name, files[name], file_name=name, mime=mime, on_click="ignore", width="stretch",
+                               key=f"download_{name}")
     text_col.markdown(f"{what} · {len(files[name]):,} bytes")

@@ -19,7 +19,7 @@ def panel(s: Settings) -> None:
                "ids shifted by -1 and +1, the mask token's embedding row, the RoPE the drafter uses, the block size "
                "and the target's depth. CLI: `python -m engine drafter-check`.")
     ss = st.session_state
-    if st.button("Check the drafter", icon="🩺"):
+    if st.button("Check the drafter"):
         with st.spinner("Decoding the prompt with the drafter and its variants..."):
             try:
                 model = resources.target_model(s.model_id, checkpoint(s.model), s.device, s.dtype)

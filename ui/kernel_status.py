@@ -15,7 +15,7 @@ def show() -> None:
         _poll()
     elif st.session_state.pop("kernels_were_building", False):
         outcome = "failed: a decode shows why" if build.error else "done"
-        st.toast(f"The DDTree kernel build is {outcome} ({build.seconds:.0f} s).", icon="🧩")
+        st.toast(f"The DDTree kernel build is {outcome} ({build.seconds:.0f} s).")
 
 
 @st.fragment(run_every=POLL_S)
@@ -26,4 +26,4 @@ def _poll() -> None:
     st.session_state.kernels_were_building = True
     st.info(f"Building the DDTree kernels in the background (the ddtree_ops C++/CUDA extension, kernels/csrc): "
             f"usually about a minute the first time, a few seconds once cached. Running for {build.seconds:.0f} s; "
-            "a decode started now waits for it.", icon="🧩")
+            "a decode started now waits for it.")
