@@ -1,22 +1,28 @@
 """DDTree Studio: `streamlit run app.py`. The router: per-tab state, the shared sidebar, then the chosen page."""
+import pandas  # noqa: F401 - imported once here: plotly imports it lazily, and several sessions' script threads
+import plotly.express  # noqa: F401 - importing it at once on a cold server hit "partially initialized module"
 import streamlit as st
 
-from ui import settings, state
+from ui import kernel_status, query, settings, state
 
-st.set_page_config(page_title="DDTree Studio", page_icon=":material/account_tree:", layout="wide")
+st.set_page_config(page_title="DDTree Studio", layout="wide")
 state.init()
+query.restore()
 settings.init_widgets()
+kernel_status.show()
 
 page = st.navigation([
-    st.Page("app_pages/decode.py", title="Decode", icon=":material/play_arrow:", default=True),
-    st.Page("app_pages/profile.py", title="Profile", icon=":material/speed:"),
-    st.Page("app_pages/compare.py", title="Compare", icon=":material/difference:"),
-    st.Page("app_pages/report.py", title="Report", icon=":material/download:"),
+    st.Page("app_pages/decode.py", title="Decode", default=True),
+    st.Page("app_pages/profile.py", title="Profile"),
+    st.Page("app_pages/compare.py", title="Compare"),
+    st.Page("app_pages/report.py", title="Report"),
 ])
-notice = state.apply(settings.sidebar())
-if notice:
-    st.info(notice, icon=":material/restart_alt:")
+chosen, invalid = settings.sidebar()
+query.save()
+for notice in (query.notice(), state.apply(chosen)):
+    if notice:
+        st.info(notice)
 if state.settings() is None:
-    st.warning("Enter a valid prompt in the sidebar to decode.")
+    st.warning(f"Decoding waits for a valid {' and a valid '.join(invalid)}: the sidebar says what is wrong.")
     st.stop()
 page.run()

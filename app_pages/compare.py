@@ -2,16 +2,22 @@
 import streamlit as st
 
 from engine.records import MODE_LABELS
+from profiling.divergence import NEAR_TIE
 from profiling.metrics import summarize_runs
-from ui import state, views
+from ui import source, state, views
 
 st.title("Compare")
-st.caption("The same prompt and settings decoded with plain greedy AR and with the drafter (DDTree's tree and/or "
-           "the chain). Under greedy decoding each must emit exactly the AR tokens, whatever the drafter proposes.")
-runs = state.runs()
+st.caption("The same prompt and settings decoded with plain AR and with the drafter (DDTree's tree and/or the "
+           "chain). Greedy (T = 0), each must emit exactly the AR tokens whatever the drafter proposes; sampled "
+           "(T > 0), the check is seed-matched: AR and the speculative run draw the same noise per position.")
+runs = source.stepped_runs() if source.pick("compare_source") == source.STEPPED else state.runs()
 for mode, summary in summarize_runs(runs).items():
     exact, sentence = views.verdict(summary)
-    (st.success if exact else st.error)(sentence, icon=":material/check_circle:" if exact else ":material/error:")
+    near_tie = not exact and summary["first_divergence"]["kind"] == NEAR_TIE
+    if exact:
+        st.success(sentence)
+    else:
+        (st.warning if near_tie else st.error)(views.divergence_warning(summary))
     div = summary["first_divergence"]
     if div is not None:
         c1, c2, c3 = st.columns(3)

@@ -2,18 +2,21 @@
 import streamlit as st
 
 from profiling.figures import mask_figure, tree_figure
-from ui import state, views
+from ui import charts, state, views
+from ui.settings import checkpoint
 
 s = state.settings()
+ckpt = checkpoint(s.model)
+piece = views.piece_of(ckpt)
 st.title("Decode")
 st.caption(f"{s.model} · prompt of {len(s.prompt)} tokens · {s.drafter.label()} drafter · {s.stepped_mode} · "
-           f"B = {s.budget}, block size {s.block_size} · {s.device} {s.dtype}")
+           f"B = {s.budget}, block size {s.block_size} · {s.decode_config().sampling} · {s.device} {s.dtype}")
 
 reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], vertical_alignment="bottom")
 num_run = n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
 finished = state.done()
 acted = False
-if reset_col.button("Reset", icon=":material/restart_alt:", width="stretch"):
+if reset_col.button("Reset", width="stretch"):
     state.reset()
     acted = True
 if step_col.button("Step", type="primary", disabled=finished, width="stretch"):
@@ -44,20 +47,33 @@ if not steps:
     st.stop()
 
 st.subheader("Committed tokens")
-st.html(views.tokens_html(tokens))
-st.caption("Coloured by the step that committed them (grey: the prefill's token). Hover a token for its step.")
+st.html(views.tokens_html(tokens, piece))
+st.caption("Coloured by the step that committed them (grey: the prefill's token). Hover a token for its id and "
+           "step." + ("" if piece is None else " Pieces show a space as ·, a newline as ↵, a tab as →."))
+if ckpt.tokenizer is not None:
+    with st.container(key="text"):
+        st.html(views.text_html(ckpt.tokenizer.decode(s.prompt), ckpt.tokenizer.decode(t for t, _ in tokens)))
 
 if not 0 <= st.session_state.get("inspect_step", -1) < len(steps):
     st.session_state.inspect_step = len(steps) - 1
 index = st.selectbox("Inspect step", range(len(steps)), key="inspect_step",
                      format_func=lambda i: f"step {i}" + (" (latest)" if i == len(steps) - 1 else ""))
 step = steps[index]
-st.markdown(views.tree_caption(step))
+st.markdown(views.tree_caption(step, piece))
+rows = views.path_rows(step, piece)
+picked = st.dataframe(rows, hide_index=True, width="stretch", key="path_nodes", on_select="rerun",
+                      selection_mode="single-row", column_config={
+                          "cum. log-prob": st.column_config.NumberColumn(format="%.3f"),
+                          "accepted": st.column_config.CheckboxColumn()})
+st.caption("The accepted path and its nodes' siblings (the drafter's other candidates), labelled for any tree "
+           "size; select a row to outline that node's row in the visibility mask.")
+selection = picked.selection.rows if picked is not None else []
+selected = rows[selection[0]]["node"] if selection and selection[0] < len(rows) else None
 tree_col, mask_col = st.columns(2)
 with tree_col.container(key="tree"):
-    st.plotly_chart(tree_figure(step), width="stretch", config={"displaylogo": False})
+    st.plotly_chart(tree_figure(step, piece), width="stretch", config={"displaylogo": False})
 with mask_col.container(key="mask"):
-    st.plotly_chart(mask_figure(step), width="stretch", config={"displaylogo": False})
+    st.plotly_chart(mask_figure(step, selected), width="stretch", config={"displaylogo": False})
 
 a, c, t = st.columns(3)
 a.metric("Drafted tokens accepted", step.num_accepted)
@@ -66,3 +82,18 @@ t.metric("Step time", f"{step.step_ns / 1e6:.2f} ms" if "step" in step.timings_n
 st.dataframe(views.stage_rows(step), hide_index=True, width="stretch", height="content",
              column_config={"ms": st.column_config.NumberColumn(format="%.3f"),
                             "share": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")})
+
+if step.probs is not None and s.temperature > 0:
+    st.subheader("Probabilities")
+    st.caption("At T > 0 the target samples, so acceptance is a chance. Expected accepted: the sum over drafted "
+               "nodes of the chance the walk reaches and accepts each (the target's probabilities); the drafter's "
+               "surrogate: the same sum from the drafter's own cumulative probabilities.")
+    e1, e2, e3 = st.columns(3)
+    e1.metric("Expected accepted (target)", f"{step.probs.expected_accepted:.2f}")
+    e2.metric("Drafter's surrogate", f"{step.probs.draft_expected:.2f}")
+    e3.metric("Accepted (realised)", step.num_accepted)
+    st.plotly_chart(charts.expected_acceptance(steps), width="stretch")
+    fmt = st.column_config.NumberColumn(format="%.4f")
+    st.dataframe(views.node_prob_rows(step, piece), hide_index=True, width="stretch", key="node_probs",
+                 column_config={"target p": fmt, "drafter marginal": fmt, "moves on": fmt,
+                                "accepted": st.column_config.CheckboxColumn()})

@@ -4,41 +4,79 @@ import streamlit as st
 from engine.records import MODE_LABELS
 from profiling.charts import acceptance_figure, position_figure
 from profiling.metrics import kernel_table, summarize_runs
+from profiling.repeats import LARGE_SPREAD, range_stats, relative_spread, summarize_repeats
 from profiling.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
-from ui import charts, drafter_health, state, views
+from ui import charts, drafter_health, source, state, views
 
 st.title("Profile")
-if st.button("Re-run", icon=":material/refresh:", help="Decode AR and the speculative runs again and re-measure."):
-    state.forget_runs()
-runs = state.runs()
+stepped = source.pick("profile_source") == source.STEPPED
+if stepped:
+    repeated = [source.stepped_runs()]
+    runs = repeated[0]
+else:
+    repeats_col, rerun_col = st.columns([1, 4], vertical_alignment="bottom")
+    count = repeats_col.number_input("Repeats", 1, 50, key="profile_repeats",
+                                     help="Decodes of AR and each mode after one warm-up; the numbers are medians.")
+    if rerun_col.button("Re-run", help="Decode AR and the speculative runs again and re-measure."):
+        state.forget_runs()
+    repeated = state.repeated(int(count))
+    runs = state.runs()  # the median repeat
 summaries = summarize_runs(runs)
-first = next(iter(summaries.values()))
+measured = summarize_repeats(repeated)
 columns = st.columns(1 + len(summaries))
-columns[0].metric("AR tokens/s", views.number(first["ar_tokens_per_s"], ".1f"))
+columns[0].metric("AR tokens/s", views.number(measured["ar"]["tokens_per_s"]["median"], ".1f"),
+                  help=views.spread_text(measured["ar"]["tokens_per_s"]))
 for col, (mode, summary) in zip(columns[1:], summaries.items(), strict=True):
-    label = MODE_LABELS[mode]
-    col.metric(f"{label} tokens/s", views.number(summary["tokens_per_s"], ".1f"),
-               delta=f"{views.number(summary['speedup'], '.2f', 'x')} speedup, tau "
-                     f"{views.number(summary['tau'], '.2f')}", delta_color="off")
+    label, speedup = MODE_LABELS[mode], measured[mode]["speedup"]
+    col.metric(f"{label} tokens/s", views.number(measured[mode]["tokens_per_s"]["median"], ".1f"),
+               delta=f"{views.speedup(summary | {'speedup': speedup['median']})} speedup, tau "
+                     f"{views.number(summary['tau'], '.2f')}", delta_color="off",
+               help=f"tokens/s {views.spread_text(measured[mode]['tokens_per_s'])}; speedup "
+                    f"{views.spread_text(speedup)}")
+st.caption(f"Medians of {len(repeated)} repeat(s) (after one warm-up); the table gives each statistic's spread. "
+           "TTFT: the prefill's time, which yields the first token; ITL: the time between token deliveries (a step "
+           "delivers its committed tokens at once), p50 and p95 within each repeat.")
+for mode, row in measured.items():
+    for key in row["large_spread"]:
+        st.warning(f"Large spread: {MODE_LABELS[mode]} {views.STATISTICS[key]} varies by "
+                   f"{relative_spread(row[key]):.0%} of its median between p10 and p90 (the rule: more than "
+                   f"{LARGE_SPREAD:.0%}). Take more repeats or quiet the machine before trusting it.")
+st.dataframe(views.repeat_rows(measured), hide_index=True, width="stretch", height="content", key="repeat_stats",
+             column_config={k: st.column_config.NumberColumn(format="%.3f") for k in ("median", "p10", "p90", "min",
+                                                                                     "max")})
+for summary in summaries.values():
+    warning = views.divergence_warning(summary)
+    if warning:
+        st.warning(warning)
+
+st.plotly_chart(charts.runs_timeline(runs), width="stretch")
 
 st.subheader("Per-kernel timings")
 labels = {MODE_LABELS[m]: m for m in reversed(runs)}
-run = runs[labels[st.radio("Run", list(labels), key="profile_run", horizontal=True)]]
+chosen = labels[st.radio("Run", list(labels), key="profile_run", horizontal=True)]
+run = runs[chosen]
+spread = range_stats(repeated, chosen)
 table = [{"range": "\u2003" * r["depth"] + r["name"].removeprefix("step/"), **{k: r[k] for k in (
-    "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "share")}} for r in kernel_table(run)]
+    "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "share")},
+    "mean_ms median": spread[r["name"]]["median"], "mean_ms p10": spread[r["name"]]["p10"],
+    "mean_ms p90": spread[r["name"]]["p90"]} for r in kernel_table(run)]
+st.caption(f"The {MODE_LABELS[chosen]} run {'you stepped' if stepped and chosen != 'ar' else 'of the median repeat'}; "
+           f"the last three columns: its ranges' mean ms over all {len(repeated)} repeats (median, p10, p90).")
 st.dataframe(table, hide_index=True, width="stretch", height="content",
              column_config={**{k: st.column_config.NumberColumn(format="%.3f") for k in (
-                 "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms")},
+                 "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "mean_ms median", "mean_ms p10",
+                 "mean_ms p90")},
                  "share": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")})
 st.plotly_chart(charts.kernel_bars(run), width="stretch")
 index = st.selectbox("Timeline of step", range(run.num_steps), key="timeline_step")
 st.plotly_chart(charts.step_timeline(run.steps[index]), width="stretch")
 
 st.subheader("Acceptance")
-for summary in summaries.values():
-    hist_col, position_col = st.columns(2)
+for mode, summary in summaries.items():
+    hist_col, position_col, rank_col = st.columns(3)
     hist_col.plotly_chart(acceptance_figure(summary), width="stretch")
     position_col.plotly_chart(position_figure(summary), width="stretch")
+    rank_col.plotly_chart(charts.rank_figure(runs[mode], MODE_LABELS[mode]), width="stretch")
 drafter_health.panel(state.settings())
 
 st.subheader("Budget sweep")
@@ -47,7 +85,7 @@ st.caption("The same prompt decoded with DDTree at each budget B; the fastest B 
 budgets_col, repeats_col = st.columns([4, 1])
 text = budgets_col.text_input("Budgets", ", ".join(map(str, DEFAULT_BUDGETS)), key="sweep_budgets")
 repeats = repeats_col.number_input("Repeats", 1, 20, 3, key="sweep_repeats", help="Decodes per budget, fastest kept")
-if st.button("Run sweep", icon=":material/tune:"):
+if st.button("Run sweep"):
     try:
         budgets = parse_budgets(text)
     except ValueError as exc:

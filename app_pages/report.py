@@ -24,10 +24,13 @@ if st.session_state.reports is None:  # rendered once per set of runs
 files = st.session_state.reports
 for summary in summarize_runs(runs).values():
     exact, sentence = views.verdict(summary)
+    warning = views.divergence_warning(summary)
+    if warning:
+        st.warning(warning)
     st.markdown(f"{sentence} tau {views.number(summary['tau'], '.2f')} tokens per {MODE_LABELS[summary['mode']]} "
-                f"step, speedup {views.number(summary['speedup'], '.2f', 'x')} over AR.")
+                f"step, speedup {views.speedup(summary)} over AR.")
 for name, (mime, what) in FORMATS.items():
     button_col, text_col = st.columns([1, 4], vertical_alignment="center")
-    button_col.download_button(name, files[name], file_name=name, mime=mime, on_click="ignore",
-                               icon=":material/download:", width="stretch", key=f"download_{name}")
+    button_col.download_button(name, files[name], file_name=name, mime=mime, on_click="ignore", width="stretch",
+                               key=f"download_{name}")
     text_col.markdown(f"{what} · {len(files[name]):,} bytes")

@@ -19,6 +19,7 @@ from .capture import capture_runs
 from .divergence import verdict
 from .metrics import real_divergences, summarize_runs, tau
 from .progress import DecodeProgress
+from .repeats import median_repeat, repeat_runs, summarize_repeats
 from .report import check_out_dir, write_all
 
 
@@ -57,8 +58,26 @@ def summary_table(runs: dict[str, RunRecord]) -> str:
     return "\n".join(lines)
 
 
+def repeats_table(repeated: list[dict[str, RunRecord]]) -> str:
+    """profiling.repeats' statistics: one line per mode and statistic, median with p10-p90 and min-max."""
+    lines = [f"{len(repeated)} repeats after one warm-up:{'':<6}{'median':>10}{'p10':>10}{'p90':>10}{'min':>10}"
+             f"{'max':>10}"]
+    for mode, row in summarize_repeats(repeated).items():
+        for key, value in row.items():
+            if key == "large_spread" or value["median"] is None or (mode == "ar" and key == "speedup"):
+                continue
+            lines.append(f"{MODE_LABELS[mode] + ' ' + key:<34}" + "".join(
+                f"{value[k]:>10.3f}" for k in ("median", "p10", "p90", "min", "max")))
+        lines += [f"large spread: {MODE_LABELS[mode]} {key} (p10-p90 over 20% of the median): take more repeats"
+                  for key in row["large_spread"]]
+    return "\n".join(lines)
+
+
 def run_command(args: argparse.Namespace) -> int:
     try:
+        if args.repeats < 1 or (args.repeats > 1 and args.profile):
+            raise ValueError(f"--repeats {args.repeats}: expected an integer >= 1" if args.repeats < 1 else
+                             "--repeats and --profile: the profiler captures one run; drop one of them")
         ckpt = opts.load_checkpoint(args)
         prompt = opts.pick_prompt(args, ckpt)
         cfg = opts.decode_config(args, ckpt, prompt)
@@ -71,12 +90,19 @@ def run_command(args: argparse.Namespace) -> int:
     modes = opts.TREES[args.tree]
     progress = DecodeProgress(cfg.max_new_tokens)
     capture = None
+    repeated = None
     if args.profile:
         runs, capture = capture_runs(ckpt, prompt, cfg, spec, modes, on_step=progress)
+    elif args.repeats > 1:
+        repeated = repeat_runs(ckpt, prompt, cfg, args.repeats, spec, modes,
+                               on_progress=lambda done, total: print(f"repeat {done}/{total}", file=sys.stderr))
+        runs = median_repeat(repeated, modes[-1])
     else:
         runs = decode_runs(ckpt, prompt, cfg, spec, modes, on_step=progress)
     progress.finish()
     print(summary_table(runs))
+    if repeated is not None:
+        print(repeats_table(repeated))
     failed = real_divergences(summarize_runs(runs))
     if args.report is not None:
         try:
@@ -99,4 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="DIR", help="write report.html, report.json, kernels.csv, steps.csv and "
                                                    "trace.json into DIR")
     p.add_argument("--force", action="store_true", help="overwrite existing reports in DIR")
+    p.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="decode R times after one warm-up and print medians with their spread (profiling/repeats.py); "
+                        "the summary and the reports are the median repeat's")
     p.set_defaults(func=run_command)

@@ -6,6 +6,8 @@ each parent sits at the mean row of its children, so every subtree occupies a co
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import plotly.graph_objects as go
 
@@ -57,14 +59,22 @@ def node_kind(step: StepRecord, node: int) -> str:
     return "accepted" if node in step.path else "rejected"
 
 
-def _hover(step: StepRecord, node: int) -> str:
-    t = step.tree
-    return (f"node {node} ({node_kind(step, node)})<br>token {t.tokens[node]}<br>depth {t.depths[node]}, "
-            f"rank {t.ranks[node]}<br>cum. log-prob {t.scores[node]:.3f}<br>target argmax {step.target[node]}")
+def _token(token: int, piece: Callable[[int], str] | None) -> str:
+    return str(token) if piece is None else f"{token} {piece(token)!r}"
 
 
-def tree_figure(step: StepRecord) -> go.Figure:
-    """Node-link figure of the step's drafted tree: accepted path in green, the bonus token in gold."""
+def _hover(step: StepRecord, node: int, piece: Callable[[int], str] | None) -> str:
+    t, p = step.tree, step.probs
+    probs = "" if p is None else (f"<br>target p {p.target[node]:.3f}, drafter marginal {p.draft[node]:.3f}"
+                                  f"<br>moves on with p {p.move_on[node]:.3f}")
+    return (f"node {node} ({node_kind(step, node)})<br>token {_token(t.tokens[node], piece)}<br>"
+            f"depth {t.depths[node]}, rank {t.ranks[node]}<br>cum. log-prob {t.scores[node]:.3f}<br>"
+            f"target pick {_token(step.target[node], piece)}{probs}")
+
+
+def tree_figure(step: StepRecord, piece: Callable[[int], str] | None = None) -> go.Figure:
+    """Node-link figure of the step's drafted tree: accepted path in green, the bonus token in gold. Nodes are
+    labelled piece(token): the token id by default, its text piece where the model has a tokenizer."""
     tree = step.tree
     last = step.path[-1]
     pos = tree_layout(tree, extra_leaf_under=last)
@@ -87,16 +97,17 @@ def tree_figure(step: StepRecord) -> go.Figure:
     fig.add_trace(go.Scatter(x=[pos[last][0], bonus_xy[0]], y=[pos[last][1], bonus_xy[1]], mode="lines",
                              hoverinfo="skip", showlegend=False, line={"color": COLORS["bonus"], "dash": "dot"}))
     labelled = len(pos) <= MAX_LABELLED_NODES
+    label = piece or str
     for kind in ("root", "accepted", "rejected"):
         nodes = [n for n in pos if node_kind(step, n) == kind]
         fig.add_trace(go.Scatter(
             x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], name=kind,
-            mode="markers+text" if labelled else "markers", text=[str(tree.tokens[n]) for n in nodes],
-            textposition="top center", hovertext=[_hover(step, n) for n in nodes], hoverinfo="text",
+            mode="markers+text" if labelled else "markers", text=[label(tree.tokens[n]) for n in nodes],
+            textposition="top center", hovertext=[_hover(step, n, piece) for n in nodes], hoverinfo="text",
             marker={"color": COLORS[kind], "size": 12 if labelled else 7, "line": {"width": 1, "color": "white"}}))
     fig.add_trace(go.Scatter(x=[bonus_xy[0]], y=[bonus_xy[1]], name="bonus", mode="markers+text",
-                             text=[str(step.bonus)], textposition="top center",
-                             hovertext=[f"bonus token {step.bonus}<br>target argmax at node {last}"],
+                             text=[label(step.bonus)], textposition="top center",
+                             hovertext=[f"bonus token {_token(step.bonus, piece)}<br>target pick at node {last}"],
                              hoverinfo="text", marker={"color": COLORS["bonus"], "size": 12, "symbol": "star"}))
     fig.update_layout(title=f"{step.mode} step {step.index}: {len(pos)} nodes, {step.num_accepted} accepted "
                             f"+ bonus", xaxis={"title": "depth", "dtick": 1},
@@ -106,8 +117,9 @@ def tree_figure(step: StepRecord) -> go.Figure:
     return fig
 
 
-def mask_figure(step: StepRecord) -> go.Figure:
-    """The (B+1) x (B+1) visibility mask the step was verified with; cells between accepted nodes stand out."""
+def mask_figure(step: StepRecord, selected: int | None = None) -> go.Figure:
+    """The (B+1) x (B+1) visibility mask the step was verified with; cells between accepted nodes stand out.
+    selected: a node whose row (what it attends to) is outlined."""
     vis = np.asarray(step.tree.visibility, dtype=bool)  # [N, N]
     on_path = np.zeros(len(vis), dtype=bool)
     on_path[step.path] = True
@@ -121,4 +133,7 @@ def mask_figure(step: StepRecord) -> go.Figure:
                       xaxis={"title": "key node", "side": "top"},
                       yaxis={"title": "query node", "autorange": "reversed"},
                       margin={"l": 40, "r": 20, "t": 110, "b": 20})
+    if selected is not None:
+        fig.add_shape(type="rect", x0=-0.5, x1=len(vis) - 0.5, y0=selected - 0.5, y1=selected + 0.5,
+                      line={"color": COLORS["bonus"], "width": 2}, name=f"node {selected}")
     return fig

@@ -7,6 +7,7 @@ import os
 import pathlib
 import random
 import re
+import statistics
 import tempfile
 
 import pytest
@@ -18,6 +19,7 @@ from engine.config import DTYPES, DecodeConfig
 from engine.drafters import REGISTRY
 from engine.kdtr import read_kdtr
 from engine.session import decode
+from profiling.metrics import tokens_per_s
 from profiling.sweep import DEFAULT_BUDGETS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -25,8 +27,12 @@ FIXTURE = ROOT / "tests" / "refs" / "model_tiny.kdtr"
 TIMEOUT = 600  # the first run in a fresh checkout builds the kernels
 
 
-def start() -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+def start(model: str | None = FIXTURE.name) -> AppTest:
+    """A fresh tab with `model` chosen in the sidebar before the first run (None: the app's default model)."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    if model is not None:
+        at.session_state["model"] = model
+    at.run()
     assert not at.exception, at.exception
     return at
 
@@ -47,7 +53,8 @@ def press(at: AppTest, label: str) -> AppTest:
 
 
 def shown_tokens(at: AppTest) -> list[int]:
-    return [int(t) for t in re.findall(r">(\d+)</span>", at.html[0].value)]
+    """The ids of the committed-token chips (each chip's hover text starts with its id)."""
+    return [int(t) for t in re.findall(r'title="id (\d+) ', at.html[0].value)]
 
 
 def plotly_specs(at: AppTest) -> list[str]:
@@ -99,7 +106,9 @@ def test_decode_page_steps_shows_trees_and_matches_ar(tiny_checkpoint):
     assert any(v.startswith(f"Step {first}: tree of") for v in at.markdown.values)
     assert metric(at, "Tokens committed") == str(steps[first].num_committed)
     assert metric(at, "Drafted tokens accepted") == str(steps[first].num_accepted)
-    stages = at.dataframe[0].value
+    path_table = at.dataframe[0].value
+    assert list(path_table[path_table["accepted"]]["node"]) == steps[first].path, "the path, labelled"
+    stages = at.dataframe[1].value
     assert {"draft", "tree_build", "verify", "tree_accept", "kv_compact"} <= set(stages["stage"])
 
     press(at, "Reset")
@@ -108,7 +117,7 @@ def test_decode_page_steps_shows_trees_and_matches_ar(tiny_checkpoint):
 
 @pytest.mark.parametrize("key, new_value, field", [
     ("noise", 0.35, "noise"), ("seed", 7, "seed"), ("budget", 9, "budget"), ("block_size", 4, "block_size"),
-    ("max_new_tokens", 10, "max_new_tokens"), ("dtype", "bfloat16", "dtype")])
+    ("max_new_tokens", 10, "max_new_tokens"), ("dtype", "bfloat16", "dtype"), ("temperature", 0.5, "temperature")])
 def test_changing_a_setting_resets_and_says_so(key, new_value, field):
     at = start()
     press(at, "Step")
@@ -189,7 +198,7 @@ def test_corrupt_upload_shows_the_loaders_error_and_the_app_keeps_working():
     run(at)
     assert not at.sidebar.error
     model = at.sidebar.selectbox(key="model")
-    assert model.value.startswith("copy.kdtr (") and model.options[0] == "model_tiny.kdtr"
+    assert model.value.startswith("copy.kdtr (") and "model_tiny.kdtr" in model.options
     assert metric(at, "Steps") == "0" and "model model_tiny.kdtr -> copy.kdtr" in at.info[0].value
     press(at, "Step")
     assert metric(at, "Steps") == "1"
@@ -211,23 +220,36 @@ def test_two_tabs_do_not_share_state():
 def test_profile_page_tables_charts_and_sweep():
     at = start()
     run(at.switch_page("app_pages/profile.py"))
+    assert len(at.session_state["repeats"]) == at.number_input(key="profile_repeats").value == 5, "the default"
+    count = random.randint(2, 4)
+    at.number_input(key="profile_repeats").set_value(count)
+    run(at)
+    repeated = at.session_state["repeats"]
     runs = at.session_state["runs"]
+    assert len(repeated) == count and any(r is runs for r in repeated), "the shown run is one of the repeats"
     ar, dd = runs["ar"], runs["ddtree"]
     tau = sum(s.num_committed for s in dd.steps) / dd.num_steps
-    delta = next(m for m in at.metric if m.label == "DDTree tokens/s").delta
-    assert delta.endswith(f"tau {tau:.2f}") and float(delta.split("x")[0]) > 0
-    table = at.dataframe[0].value
+    shown = next(m for m in at.metric if m.label == "DDTree tokens/s")
+    assert shown.value == f"{statistics.median(tokens_per_s(r['ddtree']) for r in repeated):.1f}"
+    speedup = statistics.median(tokens_per_s(r["ddtree"]) / tokens_per_s(r["ar"]) for r in repeated)
+    assert shown.delta == f"{speedup:.2f}x speedup, tau {tau:.2f}"
+    stats = at.dataframe[0].value
+    assert (stats["n"] == count).all() and {"tokens/s", "speedup", "TTFT ms", "ITL p95 ms"} <= set(stats["statistic"])
+    spreads = stats[stats["statistic"].isin(["tokens/s", "speedup"])]
+    large = ((spreads["p90"] - spreads["p10"]) / spreads["median"] > 0.2).sum()
+    assert sum(w.value.startswith("Large spread: ") for w in at.warning) == large, "a warning per large spread"
+    table = at.dataframe[1].value
     assert table["count"].max() == dd.num_steps and "verify_attn" in " ".join(table["range"])
-    assert len(plotly_specs(at)) == 4  # kernel bars, step timeline, acceptance histogram, per-position
+    assert len(plotly_specs(at)) == 6  # runs timeline, kernel bars, step timeline, 3 acceptance charts
 
     at.radio(key="profile_run").set_value("AR")
     run(at)
-    assert at.dataframe[0].value["count"].max() == ar.num_steps
+    assert at.dataframe[1].value["count"].max() == ar.num_steps
     last = ar.num_steps - 1
-    before = plotly_specs(at)[1]
+    before = plotly_specs(at)[2]
     at.selectbox(key="timeline_step").set_value(last)
     run(at)
-    assert plotly_specs(at)[1] != before, "the timeline shows the chosen step"
+    assert plotly_specs(at)[2] != before, "the timeline shows the chosen step"
 
     assert at.text_input(key="sweep_budgets").value == ", ".join(map(str, DEFAULT_BUDGETS))
     at.text_input(key="sweep_budgets").set_value("4, x")
@@ -237,9 +259,9 @@ def test_profile_page_tables_charts_and_sweep():
     at.text_input(key="sweep_budgets").set_value(" ".join(map(str, budgets)))
     at.number_input(key="sweep_repeats").set_value(2)
     press(at, "Run sweep")
-    rows = at.dataframe[1].value
+    rows = at.dataframe[2].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
-    assert len(plotly_specs(at)) == 5
+    assert len(plotly_specs(at)) == 7
 
     press(at, "Re-run")
     assert at.session_state["runs"]["ddtree"] is not dd, "re-measured"

@@ -38,7 +38,7 @@ def test_the_drafter_beside_the_target_is_filled_in_and_decodes(tiny_checkpoint,
     target, drafter = target_with_drafter
     at = start()
     load_target(at, target)
-    choose_dflash(at)
+    assert at.sidebar.selectbox(key="drafter").value == "dflash", "a target with a drafter beside it: that drafter"
     assert at.sidebar.text_input(key="drafter_model").value == str(drafter)
     assert not at.sidebar.error and not at.sidebar.warning
     press(at, "Step")
@@ -49,6 +49,8 @@ def test_the_drafter_beside_the_target_is_filled_in_and_decodes(tiny_checkpoint,
 
     at.sidebar.selectbox(key="model").set_value("model_tiny.kdtr")  # no drafter beside the bundled fixture
     run(at)
+    assert at.sidebar.selectbox(key="drafter").value == "oracle", "a target without a drafter beside it: the oracle"
+    choose_dflash(at)
     assert at.sidebar.text_input(key="drafter_model").value == "", "the filled-in directory went with its target"
     assert "needs a checkpoint directory" in at.sidebar.error[0].value
 

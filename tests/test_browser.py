@@ -1,6 +1,8 @@
 """The dashboard in a real browser: `streamlit run app.py` driven by Playwright in /usr/bin/chromium.
 
-Also takes the README's screenshots (docs/decode.png, profile.png, compare.png, report.png). CI installs
+Screenshots go to pytest's temporary directory; the README's (docs/decode.png, profile.png, compare.png,
+report.png) are refreshed only on request: `DDTREE_REFRESH_DOCS=1 python -m pytest tests/test_browser.py`.
+The test also checks the app is offline: every request the page makes goes to the local server. CI installs
 Debian's chromium (.ci/run), so there this test fails rather than skips when the browser is missing.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -20,6 +23,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 DOCS = ROOT / "docs"
+REFRESH_DOCS = os.environ.get("DDTREE_REFRESH_DOCS") == "1"
 STARTUP_S = 120
 RUN_S = 600_000  # ms Playwright waits for a rerun: the first decode in a fresh checkout builds the kernels
 
@@ -74,7 +78,19 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def shots(tmp_path_factory) -> pathlib.Path:
+    """Where the screenshots go: docs/ when refreshing them, else a temporary directory."""
+    return DOCS if REFRESH_DOCS else tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.fixture(scope="module")
+def requested_hosts() -> set[str]:
+    """The host of every http(s)/ws(s) request the page makes."""
+    return set()
+
+
+@pytest.fixture(scope="module")
+def page(server, requested_hosts):
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=RUN_S)
@@ -84,9 +100,15 @@ def page(server):
         context = browser.new_context(viewport={"width": 1440, "height": 1600}, accept_downloads=True)
         page = context.new_page()
         page.set_default_timeout(RUN_S)
+        page.on("request", lambda request: requested_hosts.add(host(request.url)))
         page.goto(server)
         yield page
         browser.close()
+
+
+def host(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return parts.netloc if parts.scheme in ("http", "https", "ws", "wss") else "local"  # data:, blob:
 
 
 def metric(page, label: str):
@@ -108,15 +130,15 @@ def tree_data(page) -> str:
     return chart.evaluate("el => JSON.stringify(el.data)")
 
 
-def shot(page, name: str) -> None:
+def shot(page, where: pathlib.Path, name: str) -> None:
     """Screenshot the whole page: Streamlit scrolls inside a container, so grow the viewport to the content."""
     settle(page)
     size = page.viewport_size
     height = page.locator('[data-testid="stMainBlockContainer"]').evaluate("el => el.scrollHeight")
     page.set_viewport_size({"width": size["width"], "height": max(size["height"], min(height + 80, 8000))})
     page.wait_for_timeout(800)  # plotly charts re-lay out to the new size
-    DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=str(DOCS / f"{name}.png"), full_page=True)
+    where.mkdir(exist_ok=True)
+    page.screenshot(path=str(where / f"{name}.png"), full_page=True)
     page.set_viewport_size(size)
 
 
@@ -125,7 +147,7 @@ def open_page(page, title: str) -> None:
     page.get_by_role("heading", name=title, level=1).wait_for()
 
 
-def test_step_in_the_browser_then_download_the_report(page):
+def test_step_in_the_browser_then_download_the_report(page, server, shots, requested_hosts):
     from playwright.sync_api import expect
 
     expect(metric(page, "Steps")).to_have_text("0")
@@ -138,19 +160,21 @@ def test_step_in_the_browser_then_download_the_report(page):
         trees.append(tree_data(page))
     assert trees[0] != trees[2], "the tree figure follows the newest step"
     expect(page.get_by_text(re.compile(r"^Step 2: tree of \d+ nodes"))).to_be_visible()
-    tokens = [int(t) for t in page.locator('[data-testid="stHtml"] span').all_inner_texts()]
-    shot(page, "decode")
+    chips = page.locator('[data-testid="stHtml"] span[title^="id "]')
+    tokens = [int(chips.nth(i).get_attribute("title").split()[1]) for i in range(chips.count())]
+    assert tokens, "the committed tokens show as chips, their ids on hover"
+    shot(page, shots, "decode")
 
     open_page(page, "Profile")
     expect(metric(page, "DDTree tokens/s")).to_have_text(re.compile(r"^\d+\.\d$"))
     expect(page.get_by_text(re.compile(r"^\d+\.\d\dx speedup, tau \d+\.\d\d$"))).to_be_visible()
     page.get_by_role("button", name=re.compile("Run sweep")).click()
     expect(page.get_by_text(re.compile(r"^Fastest: B = \d+"))).to_be_visible()
-    shot(page, "profile")
+    shot(page, shots, "profile")
 
     open_page(page, "Compare")
     expect(page.get_by_text(re.compile("^Greedy-exact: DDTree emitted exactly the AR tokens"))).to_be_visible()
-    shot(page, "compare")
+    shot(page, shots, "compare")
 
     open_page(page, "Report")
     download_button = page.locator('[data-testid="stDownloadButton"]').filter(has_text="report.json")
@@ -158,10 +182,12 @@ def test_step_in_the_browser_then_download_the_report(page):
         download_button.click()
     assert download.value.suggested_filename == "report.json"
     summary = json.loads(pathlib.Path(download.value.path()).read_text())["summaries"]["ddtree"]
-    shot(page, "report")
+    shot(page, shots, "report")
     assert summary["matches_ar"] is True
     assert summary["tokens"][: len(tokens)] == tokens, "the report decodes what the Decode page showed"
     if len(tokens) == summary["num_generated"]:  # three steps finished the decode on the Decode page
         assert summary["num_steps"] == 3
     else:
         assert summary["num_steps"] > 3
+    local = urllib.parse.urlsplit(server).netloc
+    assert requested_hosts <= {local, "local"}, f"requests left the machine: {sorted(requested_hosts - {local})}"

@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 
 import plotly.graph_objects as go
-from plotly.colors import qualitative
+from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
-from engine.records import RunRecord, StepRecord
+from engine.records import MODE_LABELS, RunRecord, StepRecord
+from profiling.charts import MODE_COLORS
 from profiling.metrics import self_ns
 from profiling.spans import nested, step_spans
 from profiling.sweep import fastest
@@ -27,14 +28,22 @@ def self_ms(step: StepRecord) -> dict[str, float]:
     return out
 
 
+def distinct_colours(n: int) -> list[str]:
+    """n colours no two alike: Dark24's while they last, else n evenly spaced samples of the Turbo scale."""
+    if n <= len(qualitative.Dark24):
+        return list(qualitative.Dark24[:n])
+    return sample_colorscale("Turbo", [i / (n - 1) for i in range(n)])
+
+
 def kernel_bars(run: RunRecord) -> go.Figure:
     per_step = [self_ms(step) for step in run.steps]
     labels = list(dict.fromkeys(label for row in per_step for label in row))
+    colours = distinct_colours(len(labels))
     fig = go.Figure([go.Bar(name=label, x=[s.index for s in run.steps], y=[row.get(label, 0.0) for row in per_step],
-                            hovertemplate=f"{label}<br>step %{{x}}: %{{y:.3f}} ms<extra></extra>")
-                     for label in labels])
+                            marker_color=colour, hovertemplate=f"{label}<br>step %{{x}}: %{{y:.3f}} ms<extra></extra>")
+                     for label, colour in zip(labels, colours, strict=True)])
     fig.update_layout(barmode="stack", xaxis_title="step", yaxis_title="ms (self time)", height=420,
-                      colorway=qualitative.Dark24, title="Time per step by range (self time, layers folded)",
+                      title="Time per step by range (self time, layers folded)",
                       legend={"font": {"size": 10}}, margin={"t": 50, "b": 40})
     return fig
 
@@ -48,7 +57,7 @@ def step_timeline(step: StepRecord) -> go.Figure:
         orientation="h", marker={"color": [depth for _, depth in rows], "colorscale": "Viridis"},
         customdata=[[span.start_ns / 1e3, depth] for span, depth in rows],
         hovertemplate="%{y}<br>start %{customdata[0]:.1f} µs, %{x:.1f} µs<extra></extra>"))
-    fig.update_yaxes(autorange="reversed", tickfont={"size": 10})
+    fig.update_yaxes(autorange="reversed", tickfont={"size": 10}, automargin=True)  # range names shown whole
     fig.update_layout(xaxis_title="µs since the step started", height=max(300, 18 * len(rows) + 80),
                       margin={"t": 30, "b": 40})
     return fig
@@ -65,4 +74,63 @@ def sweep(rows: list[dict]) -> go.Figure:
                     marker={"size": 14, "symbol": "star", "color": "#d62728"})
     fig.update_xaxes(type="log" if min(budgets) > 0 else "linear", tickvals=budgets, title_text="budget B")
     fig.update_layout(height=340, margin={"t": 40, "b": 40})
+    return fig
+
+
+def expected_acceptance(steps: list[StepRecord]) -> go.Figure:
+    """Per step: the expected number of accepted drafted tokens under the target (NodeProbs.expected_accepted),
+    the drafter's own surrogate of it (draft_expected) and the number actually accepted."""
+    index = [s.index for s in steps if s.probs is not None]
+    probs = [s.probs for s in steps if s.probs is not None]
+    fig = go.Figure([
+        go.Scatter(x=index, y=[p.expected_accepted for p in probs], mode="lines+markers", name="expected (target)"),
+        go.Scatter(x=index, y=[p.draft_expected for p in probs], mode="lines+markers", name="drafter's surrogate",
+                   line={"dash": "dot"}),
+        go.Bar(x=index, y=[s.num_accepted for s in steps if s.probs is not None], name="accepted (realised)",
+               marker={"color": "#c7c7c7"}, opacity=0.7)])
+    fig.update_layout(xaxis_title="step", yaxis_title="drafted tokens accepted", height=320,
+                      title="Acceptance per step: expected, the drafter's surrogate, realised",
+                      legend={"orientation": "h", "y": -0.25}, margin={"t": 50, "b": 40})
+    return fig
+
+
+def accepted_ranks(run: RunRecord) -> list[int]:
+    """How many accepted drafted tokens were the drafter's rank 0, 1, 2, ... candidate at their depth."""
+    ranks = [step.tree.ranks[n] for step in run.steps for n in step.path[1:]]
+    counts = [0] * (max(ranks) + 1 if ranks else 0)
+    for r in ranks:
+        counts[r] += 1
+    return counts
+
+
+def rank_figure(run: RunRecord, label: str) -> go.Figure:
+    counts = accepted_ranks(run)
+    total = sum(counts) or 1
+    fig = go.Figure(go.Bar(x=list(range(len(counts))), y=counts, customdata=[c / total for c in counts],
+                           hovertemplate="rank %{x}: %{y} accepted tokens (%{customdata:.1%})<extra></extra>"))
+    fig.update_layout(title=f"{label}: accepted tokens by the drafter's rank at their depth", height=300,
+                      xaxis={"title": "draft rank (0: the drafter's top choice)", "dtick": 1},
+                      yaxis_title="accepted tokens", margin={"t": 50, "b": 40})
+    return fig
+
+
+def runs_timeline(runs: dict[str, RunRecord]) -> go.Figure:
+    """Every run on one time axis from its own start: the prefill, then each step as a bar as long as its wall
+    time, so AR's many short steps and DDTree's few long ones compare directly."""
+    fig = go.Figure()
+    for mode, run in runs.items():
+        starts, widths, names = [0.0], [run.prefill_ns / 1e6], ["prefill"]
+        for step in run.steps:
+            starts.append(starts[-1] + widths[-1])
+            widths.append(step.wall_ns / 1e6)
+            names.append(f"step {step.index}: {step.num_committed} tokens")
+        fig.add_trace(go.Bar(y=[MODE_LABELS[mode]] * len(widths), x=widths, base=starts, orientation="h",
+                             name=MODE_LABELS[mode], marker={"color": MODE_COLORS[mode], "line": {"width": 1,
+                                                                                                 "color": "white"}},
+                             customdata=names, hovertemplate="%{customdata}<br>%{base:.1f} ms + %{x:.2f} ms"
+                                                             "<extra></extra>"))
+    fig.update_layout(barmode="overlay", xaxis_title="ms since the run started (prefill, then each step)",
+                      height=120 + 60 * len(runs), showlegend=False, margin={"t": 30, "b": 40},
+                      title="The runs on one time axis")
+    fig.update_yaxes(autorange="reversed", automargin=True)
     return fig

@@ -7,6 +7,7 @@ import streamlit as st
 from engine.dflash.health import OK, check_drafter
 from ui import resources
 from ui.settings import Settings, checkpoint
+from ui.state import show_error
 
 
 def panel(s: Settings) -> None:
@@ -18,15 +19,15 @@ def panel(s: Settings) -> None:
                "ids shifted by -1 and +1, the mask token's embedding row, the RoPE the drafter uses, the block size "
                "and the target's depth. CLI: `python -m engine drafter-check`.")
     ss = st.session_state
-    if st.button("Check the drafter", icon=":material/health_and_safety:"):
+    if st.button("Check the drafter"):
         with st.spinner("Decoding the prompt with the drafter and its variants..."):
             try:
-                model = resources.target_model(s.model, checkpoint(s.model), s.device, s.dtype)
+                model = resources.target_model(s.model_id, checkpoint(s.model), s.device, s.dtype)
                 ss.drafter_health = (s, check_drafter(model, list(s.prompt), s.decode_config(), s.drafter.model,
                                                       s.stepped_mode))
-            except ValueError as exc:
+            except Exception as exc:  # noqa: BLE001 - shown as a message; the rest of the page still works
                 ss.drafter_health = None
-                st.error(f"{type(exc).__name__}: {exc}")
+                show_error(exc)
     result = ss.get("drafter_health")
     if result is None or result[0] != s:
         return

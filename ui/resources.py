@@ -6,8 +6,11 @@ in st.session_state (ui/state.py).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import pathlib
 import tempfile
+import threading
+import time
 
 import streamlit as st
 
@@ -16,26 +19,76 @@ from engine.kdtr import read_kdtr
 from engine.loading import load_model
 from engine.model import TargetModel
 
-FIXTURES_DIR = pathlib.Path(__file__).resolve().parent.parent / "tests" / "refs"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODELS_DIR = ROOT / "models"
+FIXTURES_DIR = ROOT / "tests" / "refs"
 
 
-@st.cache_resource(show_spinner="Building the DDTree kernels (the first build takes about a minute)...")
-def load_kernels() -> bool:
-    """Build/load the extension once per process; kernels.load() itself is cached too, this adds the spinner."""
+@dataclasses.dataclass(slots=True)
+class KernelBuild:
+    """The kernel build started in the background when the app starts (kernels.load() in a thread)."""
+
+    thread: threading.Thread
+    started: float  # time.monotonic()
+    finished: float | None = None
+    error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+    @property
+    def seconds(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+
+@st.cache_resource(show_spinner=False)
+def kernel_build() -> KernelBuild:
+    """Start building/loading the DDTree extension once per process, so that the first Step rarely waits."""
     import kernels
 
+    def work() -> None:
+        try:
+            kernels.load()
+        except Exception as exc:  # noqa: BLE001 - kept for load_kernels to raise where a decode needs them
+            build.error = exc
+        build.finished = time.monotonic()
+
+    build = KernelBuild(threading.Thread(target=work, name="ddtree-kernel-build", daemon=True), time.monotonic())
+    build.thread.start()
+    return build
+
+
+def load_kernels() -> None:
+    """Wait for the background build, then load the extension (kernels.load() is cached and thread-safe; a failed
+    build is tried again here and raises its ExtensionBuildError)."""
+    import kernels
+
+    kernel_build().thread.join()
     kernels.load()
-    return True
 
 
 def bundled_models() -> dict[str, pathlib.Path]:
-    """The fixtures shipped in tests/refs, by file name."""
-    return {path.name: path for path in sorted(FIXTURES_DIR.glob("*.kdtr"))}
+    """The shipped models by name, the default first: every directory under models/ with a config.json (a
+    trained target with its tokenizer and prompts), then the fixtures in tests/refs/*.kdtr."""
+    dirs = sorted(path.parent for path in MODELS_DIR.glob("*/config.json"))
+    return {path.name: path for path in [*dirs, *sorted(FIXTURES_DIR.glob("*.kdtr"))]}
 
 
-@st.cache_resource(show_spinner="Loading the checkpoint...")
-def bundled_checkpoint(path: str) -> Checkpoint:
-    return read_kdtr(path)
+def identity(path: str | pathlib.Path) -> str:
+    """What a model on disk is, for the caches: its path, and the modification time and size of the file (of
+    every file, for a directory). Replacing the file changes it."""
+    path = pathlib.Path(path)
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    stats = [(str(f.relative_to(path)) if path.is_dir() else "", f.stat().st_mtime_ns, f.stat().st_size)
+             for f in files]
+    return f"{path.resolve()}:{hashlib.sha256(repr(stats).encode()).hexdigest()[:12]}"
+
+
+@st.cache_resource(show_spinner="Loading the checkpoint...", max_entries=8)
+def bundled_checkpoint(path: str, model_id: str) -> Checkpoint:
+    """A shipped model, loaded once per identity (model_id, from identity(path))."""
+    return load_model(path)
 
 
 def read_upload(name: str, data: bytes) -> Checkpoint:
@@ -57,8 +110,9 @@ def load_path(path: str) -> Checkpoint:
 
 
 @st.cache_resource(show_spinner="Loading the target model...", max_entries=8)
-def target_model(model: str, _ckpt: Checkpoint, device: str, dtype: str) -> TargetModel:
-    """The torch model of a checkpoint, keyed by its sidebar name (uploads carry a content hash in theirs).
-    Shared across tabs: a decoder keeps its own cache, the model itself is read-only."""
+def target_model(model_id: str, _ckpt: Checkpoint, device: str, dtype: str) -> TargetModel:
+    """The torch model of a checkpoint, keyed by the checkpoint's identity (identity() of a file or directory;
+    an upload's content hash), never by its name alone: a replaced file loads again. Shared across tabs: a
+    decoder keeps its own cache, the model itself is read-only."""
     load_kernels()
     return TargetModel.from_checkpoint(_ckpt, device, dtype)

@@ -9,14 +9,15 @@ import torch
 
 from engine.checkpoint import Checkpoint
 from engine.cli_options import TREES
-from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MIN_BLOCK_SIZE, DecodeConfig
+from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MAX_TEMPERATURE, MIN_BLOCK_SIZE, DecodeConfig
 from engine.dflash import check_fits, dflash_dir_beside, read_dflash_dir
 from engine.dflash.fit import block_size_note
 from engine.drafters import REGISTRY, DrafterSpec
-from engine.session import parse_prompt
+from ui import prompt as prompt_input
 from ui import resources
 
 DEFAULTS = DecodeConfig()
+PROFILE_REPEATS = 5  # the Profile page's default number of measured repeats
 TREE_LABELS = {"tree": "DDTree", "chain": "chain", "both": "chain and DDTree"}
 
 
@@ -25,6 +26,7 @@ class Settings:
     """Everything a decode depends on; any change starts the decode over."""
 
     model: str
+    model_id: str  # the checkpoint's identity (resources.identity): a replaced file is another model
     prompt: tuple[int, ...]
     drafter: DrafterSpec
     tree: str  # a cli_options.TREES key: which speculative modes run beside AR
@@ -33,10 +35,16 @@ class Settings:
     max_new_tokens: int
     device: str
     dtype: str
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    batch_invariant: bool = False
 
     def decode_config(self) -> DecodeConfig:
         return DecodeConfig(budget=self.budget, block_size=self.block_size, max_new_tokens=self.max_new_tokens,
-                            device=self.device, dtype=self.dtype)
+                            device=self.device, dtype=self.dtype, temperature=self.temperature, top_k=self.top_k,
+                            top_p=self.top_p, seed=self.seed, batch_invariant=self.batch_invariant)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -52,12 +60,19 @@ def devices() -> list[str]:
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
+def model_id(model: str) -> str:
+    """The identity of the checkpoint behind a sidebar model name (resources.identity; an upload's content
+    hash): the key of the model caches."""
+    ids = st.session_state.model_ids
+    return ids[model] if model in ids else resources.identity(resources.bundled_models()[model])
+
+
 def checkpoint(model: str) -> Checkpoint:
-    """The checkpoint behind a sidebar model name: a bundled fixture or this tab's upload."""
+    """The checkpoint behind a sidebar model name: a shipped model or this tab's upload or path."""
     uploads = st.session_state.uploads
     if model in uploads:
         return uploads[model]
-    return resources.bundled_checkpoint(str(resources.bundled_models()[model]))
+    return resources.bundled_checkpoint(str(resources.bundled_models()[model]), model_id(model))
 
 
 def _on_upload() -> None:
@@ -72,8 +87,9 @@ def _on_upload() -> None:
     try:
         ss.uploads[name] = resources.read_upload(file.name, data)
     except ValueError as exc:
-        ss.upload_error = f"{file.name} was not loaded: {exc}"
+        ss.upload_error = f"{file.name} was not loaded: {_sentence(exc)}"
         return
+    ss.model_ids[name] = f"upload:{name}"
     ss.model = name
 
 
@@ -86,16 +102,25 @@ def _on_path() -> None:
         return
     try:
         ss.uploads[path] = resources.load_path(path)
+        ss.model_ids[path] = resources.identity(path)
     except (ValueError, OSError) as exc:
-        ss.upload_error = f"{path} was not loaded: {exc}"
+        ss.upload_error = f"{path} was not loaded: {_sentence(exc)}"
         return
     ss.model = path
+
+
+def _sentence(exc: Exception) -> str:
+    """An error message ending with a full stop, so that what follows reads as the next sentence."""
+    text = str(exc).rstrip()
+    return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
 def _model() -> str:
     st.header("Model")
     names = [*resources.bundled_models(), *st.session_state.uploads]
-    model = st.selectbox("Checkpoint", names, key="model", help="Bundled fixtures from tests/refs, or your uploads.")
+    model = st.selectbox("Checkpoint", names, key="model",
+                         help="The models under models/ (the first is the default), the fixtures in tests/refs, "
+                              "then your uploads and paths.")
     st.file_uploader("Upload a .kdtr", type=["kdtr"], key="upload", on_change=_on_upload,
                      help="Validated by the same loader as the CLI (engine.kdtr.read_kdtr).")
     st.text_input("Or load a path", key="model_path", on_change=_on_path,
@@ -107,22 +132,6 @@ def _model() -> str:
     return model
 
 
-def _prompt(vocab_size: int, fixture_prompt: list[int] | None) -> tuple[int, ...] | None:
-    st.header("Prompt")
-    sources = ["fixture prompt", "token ids"] if fixture_prompt is not None else ["token ids"]
-    source = st.radio("Prompt", sources, key="prompt_source", horizontal=True, label_visibility="collapsed")
-    if source == "fixture prompt":
-        st.caption(f"{len(fixture_prompt)} tokens: {', '.join(map(str, fixture_prompt))}")
-        return tuple(fixture_prompt)
-    text = st.text_input("Token ids", key="prompt_text", placeholder="e.g. 3, 14, 15, 92",
-                         help=f"Comma or space separated ids in [0, {vocab_size}).")
-    try:
-        return tuple(parse_prompt(text, vocab_size))
-    except ValueError as exc:
-        st.error(f"Prompt: {exc}")
-        return None
-
-
 def _drafter() -> DrafterSpec | None:
     """The drafter and the settings its registry entry reads; None (with the error shown) while they are bad. A
     drafter checkpoint box left empty, or still holding the last directory filled in for another target, is
@@ -130,6 +139,11 @@ def _drafter() -> DrafterSpec | None:
     checkpoint is checked as it is typed: the loader's and the fit's errors show here, and decoding waits."""
     st.header("Drafter")
     ss = st.session_state
+    target = checkpoint(ss.model)
+    if ss.get("drafter_for") != ss.model:  # a new target: its own drafter beside it, else the oracle
+        ss.drafter_for = ss.model
+        ss.drafter = "dflash" if dflash_dir_beside(target.source) is not None else "oracle"
+        ss.drafter_model = ""
     name = st.selectbox("Drafter", list(REGISTRY), key="drafter", help=REGISTRY[ss.drafter].summary)
     fields = REGISTRY[name].fields
     values = {}
@@ -140,7 +154,6 @@ def _drafter() -> DrafterSpec | None:
     if "seed" in fields:
         values["seed"] = int(st.number_input("Seed", min_value=0, step=1, key="seed",
                                              help="Seeds the drafter's distractors."))
-    target = checkpoint(ss.model)
     if "model" in fields:
         if ss.drafter_model in ("", ss.get("drafter_model_filled")):
             beside = dflash_dir_beside(target.source)
@@ -163,13 +176,37 @@ def _drafter() -> DrafterSpec | None:
     return spec
 
 
-def sidebar() -> Settings | None:
-    """Draw the sidebar; returns the chosen settings, or None while the prompt or the drafter is invalid."""
+def max_new_tokens_range(ckpt: Checkpoint, prompt_len: int, block_size: int) -> tuple[int, int]:
+    """What max new tokens may be: at least 1, at most what the model's context holds after the prompt and one
+    block (engine.decode.check_room's rule)."""
+    return 1, ckpt.config.max_position_embeddings - prompt_len - block_size
+
+
+def _sampling() -> dict:
+    st.header("Sampling")
+    temperature = st.number_input("Temperature", 0.0, MAX_TEMPERATURE, step=0.1, key="temperature",
+                                  help="0 is greedy: every mode must emit exactly the AR tokens. Above 0 the target "
+                                       "samples, keyed by the seed and the position, so AR and DDTree still agree.")
+    sampled = temperature > 0
+    top_k = st.number_input("Top-k", 0, None, step=1, key="top_k", disabled=not sampled,
+                            help="Sample among the k most likely tokens; 0 keeps them all.")
+    top_p = st.number_input("Top-p", 0.01, 1.0, step=0.05, key="top_p", disabled=not sampled,
+                            help="Sample within the smallest set of tokens holding this much probability.")
+    seed = st.number_input("Sampling seed", 0, None, step=1, key="sample_seed", disabled=not sampled)
+    batch_invariant = st.toggle("Batch-invariant", key="batch_invariant",
+                                help="Compute every verify row as AR computes it (slower): DDTree's tokens then "
+                                     "equal AR's bit for bit, with no numerics near ties.")
+    return {"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
+            "batch_invariant": bool(batch_invariant)}
+
+
+def sidebar() -> tuple[Settings | None, list[str]]:
+    """Draw the sidebar; returns the chosen settings (None while an input is invalid) and the names of the
+    invalid inputs."""
     with st.sidebar:
         model = _model()
         ckpt = checkpoint(model)
-        fixture_prompt = None if ckpt.prompt is None else [int(t) for t in ckpt.prompt]
-        prompt = _prompt(ckpt.config.vocab_size, fixture_prompt)
+        prompt = prompt_input.widget(model, ckpt)
         drafter = _drafter()
         st.header("Decode")
         tree = st.radio("Verify", list(TREES), key="verify_tree", horizontal=True, format_func=TREE_LABELS.get,
@@ -179,15 +216,30 @@ def sidebar() -> Settings | None:
                                  help="Drafted nodes per step, root excluded; 0 is plain AR.")
         block_size = st.number_input("Block size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, step=1, key="block_size",
                                      help="The drafter proposes block_size - 1 positions per step.")
+        lo, hi = max_new_tokens_range(ckpt, len(prompt or ()), int(block_size))
         max_new_tokens = st.number_input("Max new tokens", 1, ckpt.config.max_position_embeddings, step=1,
-                                         key="max_new_tokens")
+                                         key="max_new_tokens",
+                                         help=f"{lo} to {hi} here: the model's context of "
+                                              f"{ckpt.config.max_position_embeddings} positions holds the prompt, "
+                                              "the generated tokens and one block.")
+        fits = lo <= max_new_tokens <= hi
+        if not fits:
+            st.error(f"Max new tokens: {max_new_tokens} is out of range: expected {lo} to {hi} (the context of "
+                     f"{ckpt.config.max_position_embeddings} positions minus the prompt's {len(prompt or ())} tokens "
+                     f"and block size {block_size})" if hi >= lo else
+                     f"Max new tokens: the prompt's {len(prompt or ())} tokens and block size {block_size} leave "
+                     f"no room in the model's context of {ckpt.config.max_position_embeddings} positions: "
+                     "shorten the prompt")
         device = st.selectbox("Device", devices(), key="device", help="cuda is offered when torch sees a GPU.")
         dtype = st.selectbox("Dtype", list(DTYPES), key="dtype")
-    if prompt is None or drafter is None:
-        return None
-    return Settings(model=model, prompt=prompt, drafter=drafter, tree=tree, budget=int(budget),
-                    block_size=int(block_size), max_new_tokens=int(max_new_tokens),
-                    device=device, dtype=dtype)
+        sampling = _sampling()
+    invalid = [name for name, bad in (("prompt", prompt is None), ("drafter", drafter is None),
+                                      ("max new tokens", prompt is not None and not fits)) if bad]
+    if invalid:
+        return None, invalid
+    return Settings(model=model, model_id=model_id(model), prompt=prompt, drafter=drafter, tree=tree,
+                    budget=int(budget), block_size=int(block_size), max_new_tokens=int(max_new_tokens),
+                    device=device, dtype=dtype, **sampling), []
 
 
 def init_widgets() -> None:
@@ -202,3 +254,9 @@ def init_widgets() -> None:
     ss.setdefault("block_size", DEFAULTS.block_size)
     ss.setdefault("max_new_tokens", DEFAULTS.max_new_tokens)
     ss.setdefault("prompt_text", "")
+    ss.setdefault("temperature", DEFAULTS.temperature)
+    ss.setdefault("top_k", DEFAULTS.top_k)
+    ss.setdefault("top_p", DEFAULTS.top_p)
+    ss.setdefault("sample_seed", DEFAULTS.seed)
+    ss.setdefault("batch_invariant", DEFAULTS.batch_invariant)
+    ss.setdefault("profile_repeats", PROFILE_REPEATS)

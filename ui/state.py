@@ -4,13 +4,17 @@ Each browser tab has its own session_state, so two tabs never share a decoder. K
   settings  Settings the current decode was built with (None while the sidebar holds an invalid prompt)
   decoder   the step-wise decoder of the Decode page, DDTree or chain (None until the first Step)
   runs      mode -> RunRecord, AR first (decode_runs), for the Profile, Compare and Report pages (None until needed)
+  repeats   the Profile page's repeated runs (profiling.repeats.repeat_runs; None until needed); runs is then
+            their median repeat
   reports   export file name -> bytes rendered from runs (None until the Report page asks)
   sweep     the budget sweep's rows (None until run)
   uploads   uploaded or path-loaded checkpoints that loaded, by display name
+  model_ids their identities (ui.settings.model_id), by display name
 """
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from collections.abc import Callable
 
 import streamlit as st
@@ -22,6 +26,7 @@ from engine.session import decode_runs, make_decoder
 from engine.timers import StepTimer
 from kernels import ExtensionBuildError
 from profiling import metrics
+from profiling.repeats import median_repeat, repeat_runs
 from profiling.sweep import budget_sweep
 from ui import resources
 from ui.settings import Settings, checkpoint
@@ -32,9 +37,11 @@ def init() -> None:
     ss.setdefault("settings", None)
     ss.setdefault("decoder", None)
     ss.setdefault("runs", None)
+    ss.setdefault("repeats", None)
     ss.setdefault("reports", None)
     ss.setdefault("sweep", None)
     ss.setdefault("uploads", {})
+    ss.setdefault("model_ids", {})
     ss.setdefault("upload_error", None)
 
 
@@ -50,13 +57,16 @@ def apply(new: Settings | None) -> str | None:
     if new == old:
         return None
     ss.settings = new
-    ss.decoder, ss.runs, ss.reports, ss.sweep = None, None, None, None
+    ss.decoder, ss.runs, ss.repeats, ss.reports, ss.sweep = None, None, None, None, None
     if old is None or new is None:
         return None
     changed = []
     for f in dataclasses.fields(Settings):
         a, b = getattr(old, f.name), getattr(new, f.name)
-        if a == b:
+        if a == b or (f.name == "model_id" and old.model != new.model):
+            continue
+        if f.name == "model_id":
+            changed.append(f"model {new.model} changed on disk and was loaded again")
             continue
         if isinstance(a, DrafterSpec) and a.name == b.name:  # the drafter's own settings, one by one
             changed += [f"{k} {_short(v)} -> {_short(b.settings()[k])}" for k, v in a.settings().items()
@@ -77,17 +87,26 @@ def _short(value: object) -> str:
 
 
 def _model(s: Settings) -> TargetModel:
-    return _engine(resources.target_model, s.model, checkpoint(s.model), s.device, s.dtype)
+    return _engine(resources.target_model, s.model_id, checkpoint(s.model), s.device, s.dtype)
 
 
 def _engine(call: Callable, *args, **kwargs):
-    """Run an engine call; a ValueError (bad input, no room in the cache, ...) or a failed kernel build is shown
-    and stops the page."""
+    """Run an engine call; any error it raises (bad input, no room in the cache, a failed kernel build, a bug)
+    is shown as a message with its traceback in an expander, and stops this page; the app stays usable."""
     try:
         return call(*args, **kwargs)
-    except (ValueError, ExtensionBuildError) as exc:
-        st.error(f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - every engine error becomes a message, never a raw exception
+        show_error(exc)
         st.stop()
+
+
+def show_error(exc: Exception) -> None:
+    """An engine error as the dashboard shows it: the message, then the traceback on request."""
+    expected = isinstance(exc, (ValueError, ExtensionBuildError))
+    st.error(f"{type(exc).__name__}: {exc}" + ("" if expected else " (an unexpected error: the traceback below "
+                                                                    "says where)"))
+    with st.expander("Traceback"):
+        st.code("".join(traceback.format_exception(exc)), language=None)
 
 
 def reset() -> None:
@@ -149,7 +168,23 @@ def runs() -> dict[str, RunRecord]:
 
 
 def forget_runs() -> None:
-    st.session_state.runs = st.session_state.reports = None
+    st.session_state.runs = st.session_state.repeats = st.session_state.reports = None
+
+
+def repeated(count: int) -> list[dict[str, RunRecord]]:
+    """`count` repeats of the current settings' runs (one warm-up first), measured once per settings and count;
+    runs() becomes their median repeat, so the other pages show a typical run."""
+    ss = st.session_state
+    if ss.repeats is None or len(ss.repeats) != count:
+        s = ss.settings
+        names = " and ".join(MODE_LABELS[m] for m in s.modes)
+        bar = st.progress(0.0, text=f"Measuring: {count} repeats of AR and {names}...")
+        ss.repeats = _engine(repeat_runs, checkpoint(s.model), list(s.prompt), s.decode_config(), count, s.drafter,
+                             s.modes, model=_model(s),
+                             on_progress=lambda done, total: bar.progress(done / total, text=f"Repeat {done}/{total}"))
+        bar.empty()
+        ss.runs, ss.reports = median_repeat(ss.repeats, s.stepped_mode), None
+    return ss.repeats
 
 
 def sweep(budgets: list[int], repeats: int, on_progress: Callable[[int, int], None]) -> list[dict]:

@@ -1,0 +1,101 @@
+"""Repeated measurement: decode_runs R times (one warm-up first) and summarise the timings as medians with their
+spread, so that one noisy run does not decide a speedup.
+
+Per mode, over the R repeats: tokens/s, speedup over the same repeat's AR run, total time, time to first token
+(TTFT: the prefill, which produces the first token) and the inter-token latency (ITL) p50 and p95 of each
+repeat. ITL is the time between consecutive deliveries of tokens: a step delivers all its committed tokens at
+once, so each step is one gap (AR: one token per step), as vLLM's and SGLang's benchmarks time streamed chunks.
+Each statistic is {median, p10, p90, min, max, n}. The spread is *large* when (p90 - p10) / median exceeds
+LARGE_SPREAD for tokens/s or speedup: then the numbers move more than a typical speedup difference, and more
+repeats (or a quieter machine) are needed before reading them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from engine.checkpoint import Checkpoint
+from engine.config import DecodeConfig
+from engine.drafters import DrafterSpec
+from engine.model import TargetModel
+from engine.records import RunRecord
+from engine.session import ORACLE, decode_runs
+
+from .metrics import kernel_table, run_time_ns, tokens_per_s
+
+LARGE_SPREAD = 0.2  # (p90 - p10) / median above this is a large spread
+HEADLINE = ("tokens_per_s", "speedup")  # the statistics the large-spread warning looks at
+
+
+def stats(values: Sequence[float]) -> dict:
+    """{median, p10, p90, min, max, n} of the values (None entries dropped; all None: every field None)."""
+    xs = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    if xs.size == 0:
+        return {"median": None, "p10": None, "p90": None, "min": None, "max": None, "n": 0}
+    p10, median, p90 = np.percentile(xs, [10, 50, 90])
+    return {"median": float(median), "p10": float(p10), "p90": float(p90), "min": float(xs.min()),
+            "max": float(xs.max()), "n": int(xs.size)}
+
+
+def relative_spread(s: dict) -> float | None:
+    """(p90 - p10) / median, None when there is no median to divide by."""
+    return (s["p90"] - s["p10"]) / s["median"] if s["median"] else None
+
+
+def inter_token_ms(run: RunRecord) -> list[float]:
+    """The gaps between token deliveries: each step's wall time (ms), in order."""
+    return [step.wall_ns / 1e6 for step in run.steps]
+
+
+def repeat_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, repeats: int,
+                drafter: DrafterSpec = ORACLE, modes: Sequence[str] = ("ddtree",), model: TargetModel | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> list[dict[str, RunRecord]]:
+    """decode_runs `repeats` times on one model, the warm-up before the first only; on_progress(done, total)."""
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
+    out = []
+    for i in range(repeats):
+        out.append(decode_runs(ckpt, prompt, cfg, drafter, modes, profile_timers=True, model=model, warmup=i == 0))
+        if on_progress is not None:
+            on_progress(i + 1, repeats)
+    return out
+
+
+def summarize_repeats(repeated: list[dict[str, RunRecord]]) -> dict[str, dict]:
+    """Per mode (AR first): the statistics above, and large_spread, the headline statistics that spread more
+    than LARGE_SPREAD."""
+    out = {}
+    for mode in repeated[0]:
+        runs = [r[mode] for r in repeated]
+        itl = [inter_token_ms(run) for run in runs]
+        row = {
+            "tokens_per_s": stats([tokens_per_s(run) for run in runs]),
+            "speedup": stats([_ratio(tokens_per_s(r[mode]), tokens_per_s(r["ar"])) for r in repeated]),
+            "time_ms": stats([run_time_ns(run) / 1e6 for run in runs]),
+            "ttft_ms": stats([run.prefill_ns / 1e6 for run in runs]),
+            "itl_p50_ms": stats([float(np.percentile(x, 50)) if x else None for x in itl]),
+            "itl_p95_ms": stats([float(np.percentile(x, 95)) if x else None for x in itl]),
+        }
+        row["large_spread"] = [k for k in HEADLINE if (relative_spread(row[k]) or 0.0) > LARGE_SPREAD]
+        out[mode] = row
+    return out
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return x / y if x is not None and y else None
+
+
+def range_stats(repeated: list[dict[str, RunRecord]], mode: str) -> dict[str, dict]:
+    """Per timed range of `mode`'s runs: stats of its mean ms per call over the repeats."""
+    per_range: dict[str, list[float]] = {}
+    for r in repeated:
+        for row in kernel_table(r[mode]):
+            per_range.setdefault(row["name"], []).append(row["mean_ms"])
+    return {name: stats(values) for name, values in per_range.items()}
+
+
+def median_repeat(repeated: list[dict[str, RunRecord]], mode: str) -> dict[str, RunRecord]:
+    """The repeat whose `mode` run took the median time: a real run to show beside the statistics."""
+    order = sorted(range(len(repeated)), key=lambda i: run_time_ns(repeated[i][mode]))
+    return repeated[order[len(order) // 2]]

@@ -1,0 +1,56 @@
+"""Shareable views (Streamlit's AppTest): the sidebar's settings live in the query parameters, a new tab opened
+with them shows the same settings, and values that do not fit (or an upload, which cannot survive a reload) are
+named in a notice while the defaults stand in."""
+from __future__ import annotations
+
+import random
+
+from streamlit.testing.v1 import AppTest
+from test_app import FIXTURE, ROOT, TIMEOUT, run, start
+
+
+def open_link(params: dict[str, str]) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    for key, value in params.items():
+        at.query_params[key] = value
+    return run(at)
+
+
+def params_of(at: AppTest) -> dict[str, str]:
+    return {key: at.query_params[key][0] if isinstance(at.query_params[key], list) else at.query_params[key]
+            for key in at.query_params}
+
+
+def test_a_link_reopens_the_same_settings():
+    at = start(None)
+    budget, temperature, seed = random.randint(1, 200), round(random.uniform(0.1, 2.0), 1), random.randrange(99)
+    at.sidebar.number_input(key="budget").set_value(budget)
+    at.sidebar.number_input(key="temperature").set_value(temperature)
+    run(at)
+    at.sidebar.number_input(key="sample_seed").set_value(seed)
+    at.sidebar.text_area(key="prompt_box").set_value("import os\nprint(os.getcwd())")
+    at.sidebar.radio(key="verify_tree").set_value("both")
+    run(at)
+    params = params_of(at)
+    assert params["budget"] == str(budget) and params["temperature"] == str(temperature)
+    assert params["prompt_box"] == "import os\nprint(os.getcwd())"
+
+    again = open_link(params)
+    assert again.session_state["settings"] == at.session_state["settings"]
+    assert again.sidebar.text_area(key="prompt_box").value == "import os\nprint(os.getcwd())"
+    assert not any("link's settings" in i.value for i in again.info), "nothing to report"
+
+    fixture = open_link({"model": FIXTURE.name, "budget": "7", "drafter": "oracle", "noise": "0.25"})
+    settings = fixture.session_state["settings"]
+    assert (settings.model, settings.budget, settings.drafter.noise) == (FIXTURE.name, 7, 0.25)
+
+
+def test_values_that_do_not_fit_and_uploads_are_named():
+    at = open_link({"model": "copy.kdtr (0123abcd)", "budget": "5000", "dtype": "float64", "top_p": "x",
+                    "block_size": "4"})
+    notice = next(i.value for i in at.info if "link's settings" in i.value)
+    assert "uploads do not survive a reload" in notice
+    assert "budget='5000' (expected an integer in [0, 1024])" in notice
+    assert "dtype='float64'" in notice and "top_p='x'" in notice
+    settings = at.session_state["settings"]
+    assert settings.block_size == 4 and settings.budget == 64 and settings.dtype == "float32"

@@ -1,0 +1,66 @@
+"""The sidebar's prompt: text (the default when the model has a tokenizer), the fixture's own prompt, or token
+ids typed by hand. Whatever the source, the decode gets token ids."""
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.checkpoint import Checkpoint
+from engine.session import parse_prompt
+
+TEXT, FIXTURE, IDS = "text", "fixture prompt", "token ids"
+
+
+def sources(ckpt: Checkpoint) -> list[str]:
+    """The prompt inputs this model offers, the default first."""
+    if ckpt.tokenizer is not None:
+        return [TEXT, IDS]
+    return [FIXTURE, IDS] if ckpt.prompt is not None else [IDS]
+
+
+def follow_model(model: str, ckpt: Checkpoint) -> None:
+    """When the sidebar's model changes, the text box takes the new model's first example prompt."""
+    ss = st.session_state
+    if ss.get("prompt_for") != model:
+        ss.prompt_for = model
+        ss.prompt_box = ckpt.prompt_texts[0] if ckpt.prompt_texts else ""
+        ss.prompt_example = 0
+
+
+def _use_example(texts: tuple[str, ...]) -> None:
+    st.session_state.prompt_box = texts[st.session_state.prompt_example]
+
+
+def widget(model: str, ckpt: Checkpoint) -> tuple[int, ...] | None:
+    """Draw the prompt inputs; the prompt's token ids, or None (with the error shown) while it is invalid."""
+    st.header("Prompt")
+    follow_model(model, ckpt)
+    source = st.radio("Prompt", sources(ckpt), key="prompt_source", horizontal=True, label_visibility="collapsed")
+    tokenizer = ckpt.tokenizer
+    if source == FIXTURE:
+        ids = [int(t) for t in ckpt.prompt]
+        st.caption(f"{len(ids)} tokens: {', '.join(map(str, ids))}")
+        return tuple(ids)
+    if source == TEXT:
+        texts = ckpt.prompt_texts
+        if len(texts) > 1:
+            st.selectbox("Example prompt", range(len(texts)), key="prompt_example", on_change=_use_example,
+                         args=(texts,), format_func=lambda i: f"{i + 1}: {texts[i][:40]!r}",
+                         help="The model's own example prompts (prompts.json); picking one fills the box.")
+        text = st.text_area("Prompt text", key="prompt_box", height=120,
+                            help=f"Encoded with the model's tokenizer ({tokenizer.source}).")
+        if not text:
+            st.error("Prompt: the text is empty: type some text or pick an example prompt")
+            return None
+        ids = tokenizer.encode(text)
+        st.caption(f"{len(ids)} tokens: {', '.join(map(str, ids[:24]))}{', ...' if len(ids) > 24 else ''}")
+        return tuple(ids)
+    text = st.text_input("Token ids", key="prompt_text", placeholder="e.g. 3, 14, 15, 92",
+                         help=f"Comma or space separated ids in [0, {ckpt.config.vocab_size}).")
+    try:
+        ids = parse_prompt(text, ckpt.config.vocab_size)
+    except ValueError as exc:
+        st.error(f"Prompt: {exc}")
+        return None
+    if tokenizer is not None:
+        st.caption(f"As text: {tokenizer.decode(ids)!r}")
+    return tuple(ids)

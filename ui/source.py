@@ -1,0 +1,32 @@
+"""Which decode the Profile and Compare pages measure: a fresh measured run (decode_runs) or the decode stepped
+through on the Decode page, its own records (timings and tokens) beside the fresh AR run."""
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.records import MODE_LABELS, RunRecord
+from engine.session import with_text
+from ui import state
+from ui.settings import checkpoint
+
+FRESH, STEPPED = "a fresh measured run", "the decode you stepped"
+
+
+def pick(key: str) -> str:
+    """The source radio; the stepped decode is offered once it has run to the end."""
+    options = [FRESH, STEPPED] if state.done() else [FRESH]
+    source = st.radio("Source", options, key=key, horizontal=True,
+                      help="The decode you stepped is offered once it is done (Decode page: Run to end).")
+    if source == STEPPED:
+        s = state.settings()
+        st.caption(f"Measuring the {MODE_LABELS[s.stepped_mode]} decode you stepped on the Decode page "
+                   f"({len(state.steps())} steps: its own timings and tokens) beside a fresh AR run; one decode, "
+                   "so no spread.")
+    return source
+
+
+def stepped_runs() -> dict[str, RunRecord]:
+    """The fresh AR run and the stepped decode's record, as decode_runs returns runs."""
+    s = state.settings()
+    record = with_text(st.session_state.decoder.record(), checkpoint(s.model))
+    return {"ar": state.runs()["ar"], s.stepped_mode: record}
