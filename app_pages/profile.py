@@ -3,6 +3,7 @@ import streamlit as st
 
 from engine.records import MODE_LABELS
 from profiling.charts import acceptance_figure, position_figure
+from profiling.expert_chart import expert_figure, expert_rows
 from profiling.metrics import kernel_table, summarize_runs
 from profiling.repeats import LARGE_SPREAD, range_stats, relative_spread, summarize_repeats
 from profiling.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
@@ -70,6 +71,17 @@ st.dataframe(table, hide_index=True, width="stretch", height="content",
 st.plotly_chart(charts.kernel_bars(run), width="stretch")
 index = st.selectbox("Timeline of step", range(run.num_steps), key="timeline_step")
 st.plotly_chart(charts.step_timeline(run.steps[index]), width="stretch")
+
+experts = expert_rows(runs)
+if experts:
+    st.subheader("MoE experts touched")
+    st.caption("Per MoE layer, the distinct routed experts each run's verify chose (mean per step): AR reads at "
+               "most top-k experts a layer, a tree of B + 1 nodes up to B + 1 times that. This, not attention, is "
+               "what a wider tree costs an MoE target.")
+    st.plotly_chart(expert_figure(experts), width="stretch")
+    st.dataframe([{"run": r["run"], "experts touched (all layers)": r["touched_total"],
+                   "expert GB / step": r["gb_per_step"], "expert MB / token": r["mb_per_token"]} for r in experts],
+                 hide_index=True, width="stretch", height="content")
 
 st.subheader("Acceptance")
 for mode, summary in summaries.items():

@@ -240,7 +240,13 @@ def test_profile_page_tables_charts_and_sweep():
     assert sum(w.value.startswith("Large spread: ") for w in at.warning) == large, "a warning per large spread"
     table = at.dataframe[1].value
     assert table["count"].max() == dd.num_steps and "verify_attn" in " ".join(table["range"])
-    assert len(plotly_specs(at)) == 6  # runs timeline, kernel bars, step timeline, 3 acceptance charts
+    # runs timeline, kernel bars, step timeline, the experts touched (the fixture has MoE layers), 3 acceptance charts
+    assert len(plotly_specs(at)) == 7
+    experts = at.dataframe[2].value
+    assert list(experts["run"]) == ["AR", "DDTree"]
+    for row, mode in zip(experts.to_dict("records"), ("ar", "ddtree"), strict=True):
+        per_step = [sum(s.experts.touched) for s in runs[mode].steps]
+        assert row["experts touched (all layers)"] == pytest.approx(statistics.mean(per_step))
 
     at.radio(key="profile_run").set_value("AR")
     run(at)
@@ -259,9 +265,9 @@ def test_profile_page_tables_charts_and_sweep():
     at.text_input(key="sweep_budgets").set_value(" ".join(map(str, budgets)))
     at.number_input(key="sweep_repeats").set_value(2)
     press(at, "Run sweep")
-    rows = at.dataframe[2].value
+    rows = at.dataframe[3].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
-    assert len(plotly_specs(at)) == 7
+    assert len(plotly_specs(at)) == 8
 
     press(at, "Re-run")
     assert at.session_state["runs"]["ddtree"] is not dd, "re-measured"
