@@ -115,6 +115,11 @@ def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
     return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
 
 
+def exact_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch-invariant mode's kernel: keys reduced in position order, as the one-row AR call does."""
+    return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE, batch_invariant=True)
+
+
 def op_setting(var: str, value: str) -> contextlib.AbstractContextManager:
     """The CUDA ops read `var` (DDTREE_VERIFY_ATTN_KERNEL, DDTREE_TREE_BUILD) at each call: inside the block
     they run `value`, and graphs captured there keep it."""
@@ -141,10 +146,12 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
     ref_o, ref_lse = float64_attention(one)
     o, lse = ours_attention(one)
     errors = {"err_ours": rel_err(o, ref_o), "err_torch": rel_err(torch_attention(one), ref_o),
+              "err_exact": rel_err(exact_attention(one)[0], ref_o),
               "lse_max_abs_err_ours": float((lse.double() - ref_lse).abs().max())}
     del ref_o, ref_lse, o, lse
     ours = measure(ours_attention, sets, device, budget)
     base = measure(torch_attention, sets, device, budget)
+    exact = measure(exact_attention, sets, device, budget)
     mma = None
     if has_wgmma(device, dtype):  # the previous tensor-core kernel (mma.sync), for the record
         with op_setting("DDTREE_VERIFY_ATTN_KERNEL", "mma"):
@@ -152,10 +159,11 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
     floor_us = ceil.floor_us(num_bytes, flops)
     mma_text = f"  mma.sync {mma.us:9.1f} us" if mma else ""
     print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us  "
-          f"torch/ours {base.us / ours.us:5.2f}{mma_text}", flush=True)
+          f"torch/ours {base.us / ours.us:5.2f}  batch-invariant {exact.us:9.1f} us{mma_text}", flush=True)
     return {
         "N": n, "S": s, "prefix_len": s - n, "dtype": str(dtype).removeprefix("torch."),
         "ours_us": ours.us, "torch_us": base.us, "speedup": ratio(base.us, ours.us),
+        "exact_us": exact.us, "exact_over_ours": ratio(exact.us, ours.us),
         "mma_us": mma.us if mma else None, "mma_over_ours": ratio(mma.us, ours.us) if mma else None,
         "ours_eager_us": ours.eager_us, "torch_eager_us": base.eager_us,
         "speedup_eager": ratio(base.eager_us, ours.eager_us),
@@ -164,7 +172,8 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
         "ours_roofline": floor_us / ours.us, "torch_roofline": floor_us / base.us,
         "bytes": num_bytes, "flops": flops, "flop_per_byte": flops / num_bytes, **errors,
         "num_sets": len(sets),
-        "timings": {"ours": ours.timings, "torch": base.timings, **({"mma": mma.timings} if mma else {})},
+        "timings": {"ours": ours.timings, "torch": base.timings, "exact": exact.timings,
+                    **({"mma": mma.timings} if mma else {})},
     }
 
 
@@ -177,12 +186,13 @@ def bench_verify_attn(g: Grid, device: torch.device, dtype: torch.dtype, budget:
 ATTN_COLUMNS = [
     Column("N", "N", "{}"), Column("S", "S", "{}"), Column("ours_us", "ours us", "{:.1f}"),
     Column("torch_us", "torch us", "{:.1f}"), Column("speedup", "torch/ours", "{:.2f}"),
+    Column("exact_us", "batch-inv. us", "{:.1f}"), Column("exact_over_ours", "batch-inv./ours", "{:.2f}"),
     Column("mma_us", "mma.sync us", "{:.1f}"), Column("mma_over_ours", "mma.sync/ours", "{:.2f}"),
     Column("ours_tbps", "ours TB/s", "{:.3g}"), Column("ours_tflops", "ours TFLOP/s", "{:.3g}"),
     Column("ours_roofline", "ours roofline", "{:.0%}"), Column("torch_tflops", "torch TFLOP/s", "{:.3g}"),
     Column("torch_roofline", "torch roofline", "{:.0%}"), Column("ours_eager_us", "ours eager us", "{:.1f}"),
     Column("torch_eager_us", "torch eager us", "{:.1f}"), Column("err_ours", "err ours", "{:.1e}"),
-    Column("err_torch", "err torch", "{:.1e}"),
+    Column("err_torch", "err torch", "{:.1e}"), Column("err_exact", "err batch-inv.", "{:.1e}"),
 ]
 
 

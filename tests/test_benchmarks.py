@@ -69,8 +69,9 @@ def test_bench_kernels_quick_cpu(kernels_run):
         assert_positive(r, "ours_us", "torch_us", "speedup", "ours_tbps", "ours_tflops", "torch_tflops",
                         "ours_roofline", "torch_roofline", "floor_us", "bytes", "flops")
         assert r["prefix_len"] == r["S"] - r["N"]
-        assert r["err_ours"] < 1e-4 and r["err_torch"] < 1e-4, r  # float32 on the CPU vs float64
+        assert r["err_ours"] < 1e-4 and r["err_torch"] < 1e-4 and r["err_exact"] < 1e-4, r  # float32 vs float64
         assert r["speedup"] == pytest.approx(r["torch_us"] / r["ours_us"])
+        assert r["exact_over_ours"] == pytest.approx(r["exact_us"] / r["ours_us"])
     assert [r["B"] for r in data["tree_build"]] == grid["build_budgets"]
     for r in data["tree_build"]:
         assert_positive(r, "ours_us", "topk_us", "heapq_us", "heapq_over_ours", "floor_us", "ours_roofline")
@@ -91,7 +92,13 @@ def test_bench_decode_quick_cpu(decode_run):
     plan, rows = data["plan"], data["rows"]
     assert [(r["mode"], r["drafter"], r["budget"], r["noise"]) for r in rows] == [("AR", None, 0, None)] + [
         ("DDTree", "oracle", b, n) for n in plan["noises"] for b in plan["budgets"]] + [
-        ("chain", "dflash", None, None)] + [("DDTree", "dflash", b, None) for b in plan["budgets"]]
+        ("chain", "dflash", None, None)] + [("DDTree", "dflash", b, None) for b in plan["budgets"]] + [
+        ("AR", None, 0, None), ("DDTree", "oracle", plan["budgets"][len(plan["budgets"]) // 2], 0.0)]
+    assert [r["batch_invariant"] for r in rows] == [False] * (len(rows) - 2) + [True, True]
+    for r in rows[-2:]:  # the batch-invariant mode beside its fast twin, in the same run
+        twin = next(f for f in rows if not f["batch_invariant"] and (f["mode"], f["budget"], f["noise"]) ==
+                    (r["mode"], r["budget"], r["noise"]))
+        assert r["over_fast_eager"] == pytest.approx(r["eager_step_ms"] / twin["eager_step_ms"])
     assert_positive(data, "prefill_ms", "ar_floor_ms", "weight_bytes_per_step")
     for r in rows:
         assert_positive(r, "eager_step_ms", "eager_tokens_per_s", "speedup_eager", "step_over_ar_eager",
