@@ -6,7 +6,7 @@ from profiling.charts import acceptance_figure, position_figure
 from profiling.expert_chart import expert_figure, expert_rows
 from profiling.metrics import kernel_table, summarize_runs
 from profiling.repeats import LARGE_SPREAD, range_stats, relative_spread, summarize_repeats
-from profiling.sweep import DEFAULT_BUDGETS, fastest, parse_budgets
+from profiling.sweep import DEFAULT_BUDGETS, parse_budgets, verdict
 from ui import charts, drafter_health, source, state, views
 
 st.title("Profile")
@@ -92,11 +92,13 @@ for mode, summary in summaries.items():
 drafter_health.panel(state.settings())
 
 st.subheader("Budget sweep")
-st.caption("The same prompt decoded with DDTree at each budget B; the fastest B per generated token is starred. "
-           "CLI: `python -m engine sweep`.")
+st.caption("The same prompt decoded with DDTree at each budget B, N times: the median ms per generated token with "
+           "its p10-p90 range; a budget is starred as the fastest only when its range lies below every other "
+           "budget's. CLI: `python -m engine sweep`.")
 budgets_col, repeats_col = st.columns([4, 1])
 text = budgets_col.text_input("Budgets", ", ".join(map(str, DEFAULT_BUDGETS)), key="sweep_budgets")
-repeats = repeats_col.number_input("Repeats", 1, 20, 3, key="sweep_repeats", help="Decodes per budget, fastest kept")
+repeats = repeats_col.number_input("Repeats", 1, 20, 3, key="sweep_repeats",
+                                 help="Decodes per budget: the median and its p10-p90 range")
 if st.button("Run sweep"):
     try:
         budgets = parse_budgets(text)
@@ -109,7 +111,7 @@ if st.button("Run sweep"):
         bar.empty()
 rows = st.session_state.sweep
 if rows:
-    best = fastest(rows)
-    st.markdown(f"Fastest: **B = {best['budget']}**, {best['ms_per_token']:.3f} ms per token, tau {best['tau']:.2f}.")
+    sentence = verdict(rows)
+    st.markdown(sentence[0].upper() + sentence[1:] + ".")
     st.dataframe(rows, hide_index=True, width="stretch", height="content")
     st.plotly_chart(charts.sweep(rows), width="stretch")

@@ -1,8 +1,10 @@
 """Budget sweep: decode one prompt with DDTree at several tree budgets B, to read off the best B for a model
 and device (`python -m engine sweep`, and the dashboard's Profile page).
 
-Larger trees accept more tokens per step (tau grows) but cost more per verify; the row with the lowest
-ms_per_token wins. Speed follows profiling.metrics (generated tokens over prefill + step wall time).
+Larger trees accept more tokens per step (tau grows) but cost more per verify; the row with the lowest median
+ms_per_token is the fastest, and it is a clear winner only when its p10-p90 range over the repeats lies wholly
+below every other budget's (`winner`): otherwise the sweep says which budgets it cannot tell apart. Speed follows
+profiling.metrics (generated tokens over prefill + step wall time).
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from engine.drafters import DrafterSpec
 from engine.model import TargetModel
 from engine.session import ORACLE, continuation_of, load_target, make_decoder
 
-from .metrics import run_time_ns, tau, tokens_per_s
+from .metrics import run_time_ns, tau
+from .repeats import stats
 from .report import write_atomic
 
 DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -43,8 +46,9 @@ def budget_sweep(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, bud
                  model: TargetModel | None = None, repeats: int = 1) -> list[dict]:
     """DDTree decodes of `prompt` at each budget (cfg's budget is replaced), in increasing budget order.
 
-    Returns rows {budget, tau, ms_per_token, tokens_per_s, num_steps}; the timing is the fastest of `repeats`
-    decodes (the tokens and steps are the same every time). The target's continuation (what an oracle drafter
+    Returns rows {budget, tau, ms_per_token, ms_p10, ms_p90, tokens_per_s, num_steps, repeats}: ms_per_token is
+    the median over `repeats` decodes with its p10 and p90 (profiling.repeats.stats), tokens_per_s its inverse
+    (the tokens and steps are the same every time). The target's continuation (what an oracle drafter
     knows) is computed once, and one untimed decode at the first budget runs first so that one-time costs (lazy
     kernel and allocator set-up) do not land on the smallest budget. on_progress(done, total) follows each
     budget."""
@@ -63,28 +67,54 @@ def budget_sweep(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, bud
     run(configs[0])
     rows = []
     for i, c in enumerate(configs):
-        record = min((run(c) for _ in range(repeats)), key=run_time_ns)
-        tps = tokens_per_s(record)
-        rows.append({"budget": c.budget, "tau": tau(record),
-                     "ms_per_token": run_time_ns(record) / 1e6 / len(record.tokens),
-                     "tokens_per_s": tps, "num_steps": record.num_steps})
+        records = [run(c) for _ in range(repeats)]
+        ms = stats([run_time_ns(r) / 1e6 / len(r.tokens) for r in records])
+        rows.append({"budget": c.budget, "tau": tau(records[0]), "ms_per_token": ms["median"],
+                     "ms_p10": ms["p10"], "ms_p90": ms["p90"], "tokens_per_s": 1e3 / ms["median"],
+                     "num_steps": records[0].num_steps, "repeats": repeats})
         if on_progress is not None:
             on_progress(i + 1, len(configs))
     return rows
 
 
 def fastest(rows: list[dict]) -> dict:
-    """The row with the lowest time per generated token: the budget to use on this model and device."""
+    """The row with the lowest median time per generated token."""
     return min(rows, key=lambda r: r["ms_per_token"])
 
 
-def format_rows(rows: list[dict]) -> str:
-    """A fixed-width table, the fastest budget marked."""
+def ties(rows: list[dict]) -> list[dict]:
+    """The rows the fastest cannot be told apart from: their p10-p90 range reaches into the fastest's."""
     best = fastest(rows)
-    lines = [f"{'budget':>6} {'tau':>6} {'ms/token':>9} {'tokens/s':>9} {'steps':>5}"]
-    lines += [f"{r['budget']:>6} {r['tau']:>6.2f} {r['ms_per_token']:>9.3f} {r['tokens_per_s']:>9.1f} "
-              f"{r['num_steps']:>5}{'  <- fastest' if r is best else ''}" for r in rows]
-    return "\n".join(lines)
+    return [r for r in rows if r is not best and r["ms_p10"] <= best["ms_p90"]]
+
+
+def winner(rows: list[dict]) -> dict | None:
+    """The fastest row when it is separated from every other by more than the spread, else None (also with one
+    decode per budget, which measures no spread)."""
+    return None if ties(rows) or fastest(rows)["repeats"] < 2 else fastest(rows)
+
+
+def verdict(rows: list[dict]) -> str:
+    """One sentence: the budget to use, or the budgets the repeats cannot separate."""
+    best, close = fastest(rows), ties(rows)
+    if best["repeats"] < 2:
+        return (f"lowest time: B = {best['budget']} ({best['ms_per_token']:.3f} ms per token); one decode per "
+                "budget measures no spread, so no budget is called the fastest: take --repeats 3 or more")
+    if not close:
+        return (f"fastest: B = {best['budget']} ({best['ms_per_token']:.3f} ms per token, clear of every other "
+                f"budget's p10-p90 range)")
+    others = ", ".join(str(r["budget"]) for r in close)
+    return (f"no clear fastest: B = {best['budget']} has the lowest median ({best['ms_per_token']:.3f} ms per "
+            f"token) but its p10-p90 range overlaps B = {others}; take more repeats or quiet the machine")
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A fixed-width table with each budget's p10-p90 range, the clear winner marked, and the verdict."""
+    best = winner(rows)
+    lines = [f"{'budget':>6} {'tau':>6} {'ms/token':>9} {'p10':>8} {'p90':>8} {'tokens/s':>9} {'steps':>5}"]
+    lines += [f"{r['budget']:>6} {r['tau']:>6.2f} {r['ms_per_token']:>9.3f} {r['ms_p10']:>8.3f} {r['ms_p90']:>8.3f} "
+              f"{r['tokens_per_s']:>9.1f} {r['num_steps']:>5}{'  <- fastest' if r is best else ''}" for r in rows]
+    return "\n".join([*lines, verdict(rows)])
 
 
 def _sweep_command(args: argparse.Namespace) -> int:
@@ -118,7 +148,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     opts.add_decode_args(p, budget=False)
     p.add_argument("--budgets", default=", ".join(map(str, DEFAULT_BUDGETS)),
                    help="tree budgets to try (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="decodes per budget, the fastest counts (default 3)")
+    p.add_argument("--repeats", type=int, default=3, help="decodes per budget: the median and its p10-p90 range "
+                                                          "(default 3)")
     p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     p.add_argument("--force", action="store_true", help="overwrite the --json file if it exists")
     p.set_defaults(func=_sweep_command)

@@ -20,7 +20,7 @@ from engine.drafters import REGISTRY
 from engine.kdtr import read_kdtr
 from engine.session import decode
 from profiling.metrics import tokens_per_s
-from profiling.sweep import DEFAULT_BUDGETS
+from profiling.sweep import DEFAULT_BUDGETS, verdict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "refs" / "model_tiny.kdtr"
@@ -267,6 +267,9 @@ def test_profile_page_tables_charts_and_sweep():
     press(at, "Run sweep")
     rows = at.dataframe[3].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
+    assert ((rows["ms_p10"] <= rows["ms_per_token"]) & (rows["ms_per_token"] <= rows["ms_p90"])).all()
+    sentence = verdict(at.session_state["sweep"])
+    assert any(m.value == sentence[0].upper() + sentence[1:] + "." for m in at.markdown)
     assert len(plotly_specs(at)) == 8
 
     press(at, "Re-run")

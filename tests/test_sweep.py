@@ -13,7 +13,7 @@ from engine.drafters import DrafterSpec
 from engine.model import TargetModel
 from engine.session import decode
 from profiling.metrics import tau
-from profiling.sweep import budget_sweep, format_rows, parse_budgets
+from profiling.sweep import budget_sweep, format_rows, parse_budgets, ties, verdict, winner
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,10 @@ def test_rows_match_independent_decodes(tiny_checkpoint, model):
     prompt = tiny_checkpoint.prompt.tolist()
     cfg = DecodeConfig(block_size=block_size, max_new_tokens=rng.randint(8, 24))
     progress = []
+    repeats = random.randint(1, 3)
     rows = budget_sweep(tiny_checkpoint, prompt, cfg, budgets, DrafterSpec(noise=noise, seed=seed),
                         on_progress=lambda done, total: progress.append((done, total)), model=model,
-                        repeats=random.randint(1, 3))
+                        repeats=repeats)
     assert [r["budget"] for r in rows] == sorted(set(budgets))
     assert progress == [(i + 1, len(rows)) for i in range(len(rows))]
     for row in rows:
@@ -41,7 +42,7 @@ def test_rows_match_independent_decodes(tiny_checkpoint, model):
         assert row["num_steps"] == run.num_steps
         assert row["tau"] == pytest.approx(tau(run))
         assert 1 <= row["tau"] <= min(row["budget"], block_size - 1) + 1
-        assert row["ms_per_token"] > 0
+        assert 0 < row["ms_p10"] <= row["ms_per_token"] <= row["ms_p90"] and row["repeats"] == repeats
         assert row["tokens_per_s"] == pytest.approx(1e3 / row["ms_per_token"])
 
 
@@ -81,12 +82,26 @@ def test_sweep_refuses_bad_budgets(tiny_checkpoint, model):
         budget_sweep(tiny_checkpoint, prompt, DecodeConfig(), [4], model=model, repeats=0)
 
 
-def test_format_rows_marks_the_fastest():
-    rows = [{"budget": b, "tau": 1.0 + b / 8, "ms_per_token": ms, "tokens_per_s": 1e3 / ms, "num_steps": 3}
-            for b, ms in zip((1, 2, 4), random.sample([0.5, 0.7, 0.9], 3), strict=True)]
-    fastest = min(rows, key=lambda r: r["ms_per_token"])["budget"]
-    marked = [line for line in format_rows(rows).splitlines() if "fastest" in line]
-    assert len(marked) == 1 and marked[0].split()[0] == str(fastest)
+def sweep_rows(medians: list[float], half_width: float, repeats: int = 3) -> list[dict]:
+    return [{"budget": b, "tau": 1.0 + b / 8, "ms_per_token": ms, "ms_p10": ms - half_width, "ms_p90": ms + half_width,
+             "tokens_per_s": 1e3 / ms, "num_steps": 3, "repeats": repeats} for b, ms in zip((1, 2, 4), medians,
+                                                                                          strict=True)]
+
+
+def test_the_fastest_is_starred_only_when_clear_of_the_spread():
+    medians = random.sample([0.5, 0.7, 0.9], 3)
+    best = (1, 2, 4)[medians.index(0.5)]
+    clear = sweep_rows(medians, half_width=0.05)  # ranges 0.1 wide, 0.2 apart
+    assert winner(clear)["budget"] == best and ties(clear) == []
+    marked = [line for line in format_rows(clear).splitlines() if "<- fastest" in line]
+    assert len(marked) == 1 and marked[0].split()[0] == str(best)
+    assert f"fastest: B = {best}" in format_rows(clear)
+    close = sweep_rows(medians, half_width=0.15)  # the 0.5 and 0.7 ranges overlap, 0.9's does not reach 0.65
+    second = (1, 2, 4)[medians.index(0.7)]
+    assert winner(close) is None and [r["budget"] for r in ties(close)] == [second]
+    assert "<- fastest" not in format_rows(close) and f"overlaps B = {second}" in verdict(close)
+    single = sweep_rows(medians, half_width=0.0, repeats=1)  # one decode: no spread, no winner
+    assert winner(single) is None and "no spread" in verdict(single)
 
 
 def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
@@ -95,7 +110,8 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert [r["budget"] for r in data["rows"]] == [1, 2] and data["repeats"] == 2
     assert data["decode"]["max_new_tokens"] == 12
-    assert "fastest" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "p10" in out and ("fastest: B = " in out or "no clear fastest" in out)
 
 
 def test_cli_reports_bad_budgets(capsys):

@@ -13,7 +13,7 @@ from engine.records import MODE_LABELS, RunRecord, StepRecord
 from profiling.charts import MODE_COLORS
 from profiling.metrics import self_ns
 from profiling.spans import nested, step_spans
-from profiling.sweep import fastest
+from profiling.sweep import winner
 
 _LAYER = re.compile(r"/layer\d+/")
 
@@ -68,10 +68,13 @@ def sweep(rows: list[dict]) -> go.Figure:
     fig = make_subplots(1, 2, subplot_titles=("tau (tokens per step) vs B", "ms per generated token vs B"))
     fig.add_scatter(x=budgets, y=[r["tau"] for r in rows], mode="lines+markers", row=1, col=1, showlegend=False)
     fig.add_scatter(x=budgets, y=[r["ms_per_token"] for r in rows], mode="lines+markers", row=1, col=2,
-                    showlegend=False)
-    best = fastest(rows)
-    fig.add_scatter(x=[best["budget"]], y=[best["ms_per_token"]], mode="markers", row=1, col=2, name="fastest",
-                    marker={"size": 14, "symbol": "star", "color": "#d62728"})
+                    showlegend=False, error_y={"type": "data", "symmetric": False,
+                                               "array": [r["ms_p90"] - r["ms_per_token"] for r in rows],
+                                               "arrayminus": [r["ms_per_token"] - r["ms_p10"] for r in rows]})
+    best = winner(rows)
+    if best is not None:  # starred only when clear of every other budget's p10-p90 range
+        fig.add_scatter(x=[best["budget"]], y=[best["ms_per_token"]], mode="markers", row=1, col=2, name="fastest",
+                        marker={"size": 14, "symbol": "star", "color": "#d62728"})
     fig.update_xaxes(type="log" if min(budgets) > 0 else "linear", tickvals=budgets, title_text="budget B")
     fig.update_layout(height=340, margin={"t": 40, "b": 40})
     return fig
