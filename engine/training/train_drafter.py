@@ -28,6 +28,7 @@ from .checkpointing import (
     save_checkpoint,
     start_out_dir,
 )
+from .cli import add_optimizer_options, add_run_dir_options
 from .drafter_data import load_frozen_target, make_sequences
 from .drafter_loop import DrafterTrainer
 from .drafter_model import DrafterLM
@@ -139,15 +140,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, help="sequences per step")
     p.add_argument("--anchors", type=int, help="blocks per sequence per step")
     p.add_argument("--num-sequences", type=int, help="training sequences to generate with the target")
-    p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU")
     p.add_argument("--seed", type=int, help="seed of the prompts, the initial weights and the anchors")
-    p.add_argument("--save-dtype", choices=tuple(SAVE_DTYPES), help="dtype of model.safetensors")
-    p.add_argument("--log-every", type=int, help="steps per logged interval")
-    p.add_argument("--eval-every", type=int, help="steps between validations (a multiple of --log-every)")
-    p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (a multiple of --log-every)")
+    add_optimizer_options(p)
     p.add_argument("--corpus-dir", type=Path, help="draw prompts from this folder instead of the standard library")
-    p.add_argument("--pause-at", type=int, help="stop after this step with a checkpoint (continue: --resume)")
-    p.add_argument("--resume", action="store_true", help="continue the unfinished run in --out")
-    p.add_argument("--force", action="store_true", help="start over in an --out that holds a run")
+    add_run_dir_options(p)
     p.set_defaults(func=train_drafter)

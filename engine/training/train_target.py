@@ -29,8 +29,9 @@ from .checkpointing import (
     save_checkpoint,
     start_out_dir,
 )
+from .cli import add_optimizer_options, add_run_dir_options
 from .data import WindowSampler, eval_windows, token_stream
-from .export import SAVE_DTYPES, save_hf_dir
+from .export import save_hf_dir
 from .generate import distinct_ngram_rate, greedy_generate
 from .loop import Trainer
 from .progress import Progress
@@ -194,17 +195,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, help="sequences per step")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (at most max_position_embeddings)")
-    parser.add_argument("--lr", type=float, help="peak learning rate")
     parser.add_argument("--dropout", type=float, help="residual dropout while training")
-    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU")
     parser.add_argument("--seed", type=int, help="seed of the initial weights, data order and dropout")
-    parser.add_argument("--save-dtype", choices=tuple(SAVE_DTYPES), help="dtype of model.safetensors")
-    parser.add_argument("--log-every", type=int, help="steps per logged interval")
-    parser.add_argument("--eval-every", type=int, help="steps between validations (a multiple of --log-every)")
-    parser.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (a multiple of --log-every)")
+    add_optimizer_options(parser)
     parser.add_argument("--corpus-dir", type=Path, help="train on the .py/.txt/.md files under this folder instead")
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (or a folder with one) instead of training")
-    parser.add_argument("--pause-at", type=int, help="stop after this step with a checkpoint (continue: --resume)")
-    parser.add_argument("--resume", action="store_true", help="continue the unfinished run in --out")
-    parser.add_argument("--force", action="store_true", help="start over in an --out that holds a run")
+    add_run_dir_options(parser)
     parser.set_defaults(func=train_target)

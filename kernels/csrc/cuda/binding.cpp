@@ -115,11 +115,11 @@ TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& 
   return outputs;
 }
 
-template <typename T>
-cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
-                               const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& block_mask,
-                               double scale, at::Tensor& o_lat, at::Tensor& lse) {
-  VerifyAttnArgs<T> args{};
+// The inputs and outputs both verify_attn kernels' argument structs share (VerifyAttnArgs, VerifyAttnExactArgs).
+template <typename T, typename Args>
+void fill_attn_args(Args& args, const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
+                    const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& block_mask, double scale,
+                    at::Tensor& o_lat, at::Tensor& lse) {
   args.q_lat = static_cast<const T*>(q_lat.const_data_ptr());
   args.q_pe = static_cast<const T*>(q_pe.const_data_ptr());
   args.ckv = static_cast<const T*>(ckv.const_data_ptr());
@@ -134,6 +134,14 @@ cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, 
   args.scale = static_cast<float>(scale);
   args.o_lat = static_cast<T*>(o_lat.mutable_data_ptr());
   args.lse = lse.mutable_data_ptr<float>();
+}
+
+template <typename T>
+cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
+                               const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& block_mask,
+                               double scale, at::Tensor& o_lat, at::Tensor& lse) {
+  VerifyAttnArgs<T> args{};
+  fill_attn_args<T>(args, q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse);
   const Choice<VerifyAttnKernel>& wanted =
       env_choice("verify_attn", "DDTREE_VERIFY_ATTN_KERNEL", kVerifyAttnKernels);
   args.kernel = VerifyAttnResolveKernel(args, wanted.value);
@@ -154,20 +162,7 @@ cudaError_t launch_verify_attn_exact(const at::Tensor& q_lat, const at::Tensor& 
                                      const at::Tensor& kpe, const at::Tensor& prefix_len,
                                      const at::Tensor& block_mask, double scale, at::Tensor& o_lat, at::Tensor& lse) {
   VerifyAttnExactArgs<T> args{};
-  args.q_lat = static_cast<const T*>(q_lat.const_data_ptr());
-  args.q_pe = static_cast<const T*>(q_pe.const_data_ptr());
-  args.ckv = static_cast<const T*>(ckv.const_data_ptr());
-  args.kpe = static_cast<const T*>(kpe.const_data_ptr());
-  args.prefix_len = prefix_len.const_data_ptr<int64_t>();
-  args.block_mask = block_mask.const_data_ptr<bool>();
-  args.num_nodes = static_cast<int>(q_lat.size(0));
-  args.num_heads = static_cast<int>(q_lat.size(1));
-  args.lat_dim = static_cast<int>(q_lat.size(2));
-  args.rope_dim = static_cast<int>(q_pe.size(2));
-  args.cache_rows = static_cast<int>(ckv.size(0));
-  args.scale = static_cast<float>(scale);
-  args.o_lat = static_cast<T*>(o_lat.mutable_data_ptr());
-  args.lse = lse.mutable_data_ptr<float>();
+  fill_attn_args<T>(args, q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse);
   return VerifyAttnExact<T>(args, c10::cuda::getCurrentCUDAStream());
 }
 
