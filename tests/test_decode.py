@@ -215,7 +215,7 @@ def test_rope_tables_are_sized_by_the_run_not_by_the_config(tiny):
     import dataclasses
 
     huge = dataclasses.replace(ckpt, config=dataclasses.replace(ckpt.config, max_position_embeddings=10**6))
-    cfg = DecodeConfig(max_new_tokens=np.random.default_rng().integers(2, 30), block_size=6)
+    cfg = DecodeConfig(max_new_tokens=np.random.default_rng().integers(2, len(ckpt.golden_tokens) + 1), block_size=6)
     dec = ARDecoder(TargetModel.from_checkpoint(huge), ckpt.prompt.tolist(), cfg)
     reach = len(ckpt.prompt) + cfg.max_new_tokens + cfg.block_size
     assert dec.cache.cos.shape[0] == reach + 1 and dec.run().tokens == ckpt.golden_tokens.tolist()[: cfg.max_new_tokens]
