@@ -73,7 +73,8 @@ def test_the_waiting_message_names_the_invalid_input(tiny_checkpoint):
     context = tiny_checkpoint.config.max_position_embeddings
     prompt_len, block_size = len(tiny_checkpoint.prompt), DecodeConfig().block_size
     hi = context - prompt_len - block_size
-    at.sidebar.number_input(key="max_new_tokens").set_value(hi + random.randint(1, 20))
+    # past the range but within the widget's own maximum, the context
+    at.sidebar.number_input(key="max_new_tokens").set_value(hi + random.randint(1, context - hi))
     run(at)
     error = at.sidebar.error[0].value
     assert error.startswith("Max new tokens: ") and f"expected 1 to {hi}" in error
