@@ -38,8 +38,14 @@ def uniforms(seed: int, positions: torch.Tensor, vocab_size: int) -> torch.Tenso
     key = _hash32(torch.full((), seed & _MASK32, dtype=torch.int64, device=dev) ^ ((seed >> 32) & _MASK32))
     row = _hash32(_mul32(positions.to(torch.int64) & _MASK32, _GOLDEN) ^ key)  # [N]
     ids = torch.arange(vocab_size, dtype=torch.int64, device=dev)
-    bits = _hash32(row[:, None] ^ _hash32(ids + key)[None, :])  # [N, V]
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return bits_to_uniforms(_hash32(row[:, None] ^ _hash32(ids + key)[None, :]))  # [N, V]
+
+
+def bits_to_uniforms(bits: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> float32 in (0, 1). 23 bits, so (k + 0.5) / 2**23 is exact in float32 and the largest
+    stays below 1 (with 24 bits it rounds to 1.0, whose Gumbel noise is +inf: inf + -inf is NaN, and argmax
+    would pick a token that top-k / top-p filtered out)."""
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def filtered_logits(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
