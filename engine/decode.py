@@ -229,6 +229,7 @@ class Decoder:
             tokens=self.tokens[:n], logits=np.stack(self.logits_rows[:n]),
             wall_ns=self.prefill_ns + sum(s.wall_ns for s in self.steps),
             drafter=self.drafter.describe() if self.drafter is not None else {},
+            parallel=self.model.layout(),
         )
 
 

@@ -20,7 +20,18 @@ from kernels import ops
 from .cache import LatentCache
 from .checkpoint import Checkpoint
 from .config import LATENT_NORM_EPS, ModelConfig
-from .moe import ExpertLoad, Experts, default_path, dense_moe, route, sparse_moe, sparse_runs, stack_experts
+from .moe import (
+    ExpertLoad,
+    Experts,
+    default_path,
+    dense_moe,
+    local_routing,
+    route,
+    sparse_moe,
+    sparse_runs,
+    stack_experts,
+)
+from .parallel import ATTN_REDUCE, MOE_COMBINE, MOE_DISPATCH, Shard
 from .rope import rope_tables
 from .timers import StepTimer
 from .weights import lm_head_name
@@ -67,13 +78,21 @@ class TargetModel:
     """Weights on one device and dtype, plus the forward over a block of nodes."""
 
     def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                 moe: str | None = None) -> None:
+                 moe: str | None = None, shard: Shard | None = None) -> None:
         """weights: by name, or a stream of (name, tensor) (WeightSource.tensors): from a stream each routed expert is
         stacked as it arrives and dropped, so the device holds the model once. moe: one of MOE_PATHS; None picks
-        sparse where it runs without a host sync and pays (moe.default_path), else dense."""
+        sparse where it runs without a host sync and pays (moe.default_path), else dense. shard: this rank's part
+        of a tensor- and expert-parallel layout (engine/parallel.py); None holds the whole model."""
         kernels.load()  # build or load the ops now, not inside the first (timed) prefill
         self.cfg = cfg
-        weights, experts = stack_experts(cfg, weights.items() if isinstance(weights, Mapping) else weights)
+        self.shard = shard
+        if shard is not None:
+            shard.check(cfg)  # before any weight is kept
+        self.heads = shard.part(cfg.num_attention_heads, "num_attention_heads") if shard else None
+        has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+        self.held_experts = shard.part(cfg.n_routed_experts, "n_routed_experts") if shard and has_moe else None
+        weights, experts = stack_experts(cfg, weights.items() if isinstance(weights, Mapping) else weights,
+                                         self.held_experts)
         self.device = weights["model.embed_tokens.weight"].device
         self.dtype = weights["model.embed_tokens.weight"].dtype
         self.embed = weights["model.embed_tokens.weight"]
@@ -93,6 +112,10 @@ class TargetModel:
         # one routed expert's gate, up and down weights: what each expert a verify touches costs it to read
         self.bytes_per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * self.dtype.itemsize
 
+    def layout(self) -> dict | None:
+        """The parallel layout this model is part of (Shard.layout), or None when it is whole."""
+        return self.shard.layout(self.cfg.num_attention_heads, self.cfg.n_routed_experts) if self.shard else None
+
     def experts_touched(self) -> torch.Tensor:
         """[num_moe_layers] int64 on the device: distinct routed experts the last forward's rows chose, per MoE layer
         (no host sync: a step reads it into its record afterwards)."""
@@ -106,37 +129,56 @@ class TargetModel:
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32",
-                        moe: str | None = None) -> TargetModel:
+                        moe: str | None = None, shard: Shard | None = None) -> TargetModel:
         """The model of ckpt on device in dtype. The weights arrive one at a time, already on the device in dtype
         (ckpt.weights.tensors): a Hugging Face checkpoint goes from its files to the device without a host copy, and
         each routed expert joins its layer's stack as it arrives."""
-        return cls(ckpt.config, ckpt.weights.tensors(device, DTYPES[dtype]), moe)
+        return cls(ckpt.config, ckpt.weights.tensors(device, DTYPES[dtype]), moe, shard)
+
+    def _split(self, t: torch.Tensor, dim: int, part: slice | None, groups: int | None = None) -> torch.Tensor:
+        """t's share on this rank along dim: the groups (heads; by default single rows or columns) in part. The
+        whole t without a shard."""
+        if part is None:
+            return t
+        shape = t.shape
+        groups = groups or shape[dim]
+        grouped = t.reshape(*shape[:dim], groups, shape[dim] // groups, *shape[dim + 1:])
+        share = grouped.narrow(dim, part.start, part.stop - part.start)
+        return share.reshape(*shape[:dim], -1, *shape[dim + 1:]).contiguous()
+
+    def _mlp(self, w: dict[str, torch.Tensor], prefix: str, width: int) -> tuple[torch.Tensor, ...]:
+        """gate, up, down of a SwiGLU MLP: with a shard, the rank's columns of its intermediate width."""
+        part = self.shard.part(width, f"{prefix}'s intermediate width") if self.shard else None
+        return (self._split(w[f"{prefix}.gate_proj.weight"], 0, part), self._split(w[f"{prefix}.up_proj.weight"], 0,
+                part), self._split(w[f"{prefix}.down_proj.weight"], 1, part))
 
     def _layer(self, w: dict[str, torch.Tensor], experts: dict[int, Experts], i: int) -> dict:
         cfg, p = self.cfg, f"model.layers.{i}"
         h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
-        kv_b = w[f"{p}.self_attn.kv_b_proj.weight"].view(h, nope + v, cfg.kv_lora_rank)
+        kv_b = self._split(w[f"{p}.self_attn.kv_b_proj.weight"], 0, self.heads, h).view(-1, nope + v,
+                                                                                          cfg.kv_lora_rank)
         lowrank_q = cfg.q_lora_rank is not None
         attn = _Attention(
             q_a=w[f"{p}.self_attn.q_a_proj.weight"] if lowrank_q else None,
             q_a_norm=w[f"{p}.self_attn.q_a_layernorm.weight"] if lowrank_q else None,
-            q_b=w[f"{p}.self_attn.q_b_proj.weight" if lowrank_q else f"{p}.self_attn.q_proj.weight"],
+            q_b=self._split(w[f"{p}.self_attn.q_b_proj.weight" if lowrank_q else f"{p}.self_attn.q_proj.weight"], 0,
+                            self.heads, h),
             kv_a=w[f"{p}.self_attn.kv_a_proj_with_mqa.weight"],
             kv_a_norm=w[f"{p}.self_attn.kv_a_layernorm.weight"],
             w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
-            o_proj=w[f"{p}.self_attn.o_proj.weight"],
+            o_proj=self._split(w[f"{p}.self_attn.o_proj.weight"], 1, self.heads, h),
         )
         layer = {"attn": attn, "norm1": w[f"{p}.input_layernorm.weight"],
                  "norm2": w[f"{p}.post_attention_layernorm.weight"], "moe": cfg.is_moe_layer(i)}
         if not layer["moe"]:
-            layer["mlp"] = tuple(w[f"{p}.mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+            layer["mlp"] = self._mlp(w, f"{p}.mlp", cfg.intermediate_size)
             return layer
         layer["router"] = w[f"{p}.mlp.gate.weight"].float()  # [E, hidden]: routing in float32
         layer["router_bias"] = w[f"{p}.mlp.gate.e_score_correction_bias"].float()  # [E]
         layer["experts"] = experts[i]
         layer["moe_index"] = i - cfg.first_k_dense_replace  # its row in expert_load
         if cfg.n_shared_experts:
-            layer["shared"] = tuple(w[f"{p}.mlp.shared_experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
+            layer["shared"] = self._mlp(w, f"{p}.mlp.shared_experts", cfg.n_shared_experts * cfg.moe_intermediate_size)
         return layer
 
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, block_mask: torch.Tensor, cache: LatentCache,
@@ -167,9 +209,12 @@ class TargetModel:
                 with timer.range("verify_attn"):
                     o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len,
                                                block_mask, self.scale, batch_invariant=row_block is not None)
-                x = rowwise(lambda x, o, a=a: x + self._attention_out(a, o), row_block, x, o_lat)
+                x = x + self._reduce(rowwise(lambda o, a=a: self._attention_out(a, o), row_block, o_lat), timer,
+                                     ATTN_REDUCE)
             with timer.range(f"layer{i}/{'moe' if layer['moe'] else 'mlp'}"):
-                x = rowwise(lambda x, real, layer=layer: x + self._ffn(layer, x, real, row_block), row_block, x, real)
+                y = rowwise(lambda x, real, layer=layer: self._ffn(layer, x, real, row_block, timer), row_block, x,
+                            real)
+                x = x + self._reduce(y, timer, MOE_COMBINE if layer["moe"] else ATTN_REDUCE)
             if i in hidden_layers:
                 captured[i] = x
         with timer.range("lm_head"):
@@ -184,7 +229,7 @@ class TargetModel:
         """Per row: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row: c [N, R], rope(k_pe) [N, P]."""
         cfg = self.cfg
         x = rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
-        n, h = x.shape[0], cfg.num_attention_heads
+        n, h = x.shape[0], a.w_uk.shape[0]  # this rank's heads
         q_in = x if a.q_a is None else rms_norm(F.linear(x, a.q_a), a.q_a_norm, LATENT_NORM_EPS)
         q = F.linear(q_in, a.q_b).view(n, h, cfg.qk_head_dim)
         q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
@@ -200,17 +245,30 @@ class TargetModel:
         o = torch.einsum("nhr,hvr->nhv", o_lat, a.w_uv).reshape(n, h * self.cfg.v_head_dim)
         return F.linear(o, a.o_proj)
 
-    def _ffn(self, layer: dict, x: torch.Tensor, real: torch.Tensor, row_block: int | None) -> torch.Tensor:
-        x = rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
-        return self._moe(layer, x, real, row_block is not None) if layer["moe"] else swiglu(x, *layer["mlp"])
+    def _reduce(self, partial: torch.Tensor, timer: StepTimer, name: str) -> torch.Tensor:
+        """The sum over the ranks of their partial outputs (engine/parallel.py); the output itself alone."""
+        if self.shard is None:
+            return partial
+        with timer.range(name):
+            return self.shard.all_reduce(partial)
 
-    def _moe(self, layer: dict, x: torch.Tensor, real: torch.Tensor, exact: bool) -> torch.Tensor:
+    def _ffn(self, layer: dict, x: torch.Tensor, real: torch.Tensor, row_block: int | None,
+             timer: StepTimer) -> torch.Tensor:
+        x = rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
+        return self._moe(layer, x, real, row_block is not None, timer) if layer["moe"] else swiglu(x, *layer["mlp"])
+
+    def _moe(self, layer: dict, x: torch.Tensor, real: torch.Tensor, exact: bool, timer: StepTimer) -> torch.Tensor:
         """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
-        padding, exact asks for the per-row exact layout (the batch-invariant mode)."""
+        padding, exact asks for the per-row exact layout (the batch-invariant mode). With a shard: this rank's
+        experts' and shared columns' part of the output."""
         idx, weights = route(self.cfg, x.float() @ layer["router"].T, layer["router_bias"])  # [N, k] each
         self.expert_load.add(layer["moe_index"], idx, real)
+        held = self.held_experts
+        if held is not None:
+            with timer.range(MOE_DISPATCH):  # every rank holds every token: choosing its assignments moves no bytes
+                idx, weights = local_routing(idx, weights, held.start, held.stop - held.start)
         if self.moe_path == "sparse":
-            y = sparse_moe(x, idx, weights, layer["experts"], exact)
+            y = sparse_moe(x, idx, weights, layer["experts"], exact, foreign=held is not None)
         else:
             y = dense_moe(x, idx, weights, layer["experts"])
         if "shared" in layer:

@@ -52,15 +52,18 @@ class Experts:
     down: torch.Tensor
 
 
-def stack_experts(cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
+def stack_experts(cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]], held: slice | None = None
                   ) -> tuple[dict[str, torch.Tensor], dict[int, Experts]]:
     """The tensors that are not routed experts, by name, and each MoE layer's experts stacked. Each expert tensor is
     copied into its layer's stack as it arrives and then dropped, so with a stream of tensors (a WeightSource) the
-    device holds the model once plus one tensor, whatever order the source reads them in."""
+    device holds the model once plus one tensor, whatever order the source reads them in. held: the experts this
+    rank keeps (engine/parallel.py; None: all); the others are checked and dropped."""
     rest: dict[str, torch.Tensor] = {}
     stacks: dict[int, Experts] = {}
     filled: dict[int, set[tuple[int, str]]] = {}
     num, hidden, inter = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    held = held or slice(0, num)
+    kept = held.stop - held.start
     for name, tensor in tensors:
         match = EXPERT_TENSOR.fullmatch(name)
         if match is None:
@@ -74,11 +77,12 @@ def stack_experts(cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
         if tuple(tensor.shape) != want:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}; the config says {want}")
         if layer not in stacks:
-            stacks[layer] = Experts(tensor.new_empty(num, 2 * inter, hidden), tensor.new_empty(num, hidden, inter))
+            stacks[layer] = Experts(tensor.new_empty(kept, 2 * inter, hidden), tensor.new_empty(kept, hidden, inter))
             filled[layer] = set()
-        stack = stacks[layer]
-        rows = {"gate": slice(None, inter), "up": slice(inter, None)}
-        (stack.down[expert] if proj == "down" else stack.gate_up[expert, rows[proj]]).copy_(tensor)
+        if held.start <= expert < held.stop:
+            stack, e = stacks[layer], expert - held.start
+            rows = {"gate": slice(None, inter), "up": slice(inter, None)}
+            (stack.down[e] if proj == "down" else stack.gate_up[e, rows[proj]]).copy_(tensor)
         filled[layer].add((expert, proj))
         del tensor  # before the source makes the next one: the loop variable would keep this one alive until then
     for layer in (i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)):
@@ -131,10 +135,21 @@ def default_path(device: torch.device, dtype: torch.dtype, cfg: ModelConfig) -> 
     return "dense" if device.type == "cpu" and layer_bytes < CPU_SPARSE_MIN_BYTES else "sparse"
 
 
+def local_routing(idx: torch.Tensor, weights: torch.Tensor, first: int, num_local: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """route()'s choice seen by a rank that holds experts first..first + num_local - 1 (engine/parallel.py): ids made
+    local, another rank's expert marked num_local ("not here") with weight zero."""
+    local = idx - first
+    here = (local >= 0) & (local < num_local)
+    return torch.where(here, local, num_local), torch.where(here, weights, 0.0)
+
+
 def sparse_moe(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts,
-               exact: bool = False) -> torch.Tensor:
+               exact: bool = False, foreign: bool = False) -> torch.Tensor:
     """Routed experts' output [N, H] for x [N, H] and the routing (route()): each token through its k experts only.
-    exact: give every chosen expert N rows, so a row's result depends on that row alone (the module's docstring)."""
+    exact: give every chosen expert N rows, so a row's result depends on that row alone (the module's docstring).
+    foreign: idx may hold E (local_routing's "another rank's expert"), which this call skips: those assignments
+    sort last, past every group, and add nothing."""
     n, k = idx.shape
     num_experts = experts.down.shape[0]
     flat = idx.reshape(-1)  # [N k]: the expert of each assignment, token-major
@@ -144,7 +159,12 @@ def sparse_moe(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, expert
     starts = torch.searchsorted(by_expert, ids, out_int32=True)  # [E]: each expert's first sorted assignment
     ends = torch.searchsorted(by_expert, ids, right=True, out_int32=True)
     rows = x[order // k]  # [N k, H] in expert order
-    out = _grouped_padded(rows, by_expert, starts, ends, experts, n) if exact else _expert_mlp(rows, experts, ends)
+    if exact:
+        out = _grouped_padded(rows, by_expert, starts, ends, experts, n, foreign)
+    else:
+        out = _expert_mlp(rows, experts, ends)
+    if foreign:  # the skipped rows' outputs were never computed
+        out = torch.where((by_expert < num_experts)[:, None], out, 0.0)
     out = torch.empty_like(out).index_copy_(0, order, out).view(n, k, -1)  # back to token-major order
     return (out.float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)  # the k outputs summed in float32
 
@@ -156,13 +176,20 @@ def _expert_mlp(rows: torch.Tensor, experts: Experts, offs: torch.Tensor) -> tor
 
 
 def _grouped_padded(rows: torch.Tensor, by_expert: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                    experts: Experts, capacity: int) -> torch.Tensor:
+                    experts: Experts, capacity: int, foreign: bool = False) -> torch.Tensor:
     """_expert_mlp with every chosen expert's group padded with zero rows to exactly `capacity` rows (at least its
-    count): the per-row exact layout. Static shapes, nothing read on the host."""
+    count): the per-row exact layout. Static shapes, nothing read on the host. foreign: rows of expert E (another
+    rank's) all go to one scratch row past every group, which is never computed."""
     chosen = (ends > starts).int()
     offs = (chosen * capacity).cumsum(0, dtype=torch.int32)
-    slots = (offs - chosen * capacity - starts)[by_expert] + torch.arange(len(rows), device=rows.device)
-    padded = rows.new_zeros(min(len(chosen), len(rows)) * capacity, rows.shape[1]).index_copy_(0, slots, rows)
+    size = min(len(chosen), len(rows)) * capacity
+    first_slot = offs - chosen * capacity - starts  # group e's sorted row j goes to slot first_slot[e] + j
+    if foreign:
+        first_slot = torch.cat([first_slot, first_slot.new_zeros(1)])
+    slots = first_slot[by_expert] + torch.arange(len(rows), device=rows.device)
+    if foreign:
+        slots = torch.where(by_expert < len(chosen), slots, size)
+    padded = rows.new_zeros(size + foreign, rows.shape[1]).index_copy_(0, slots, rows)
     return _expert_mlp(padded, experts, offs)[slots]  # rows past the last chosen group's are never read
 
 
@@ -173,8 +200,10 @@ def dense_weights(idx: torch.Tensor, weights: torch.Tensor, num_experts: int) ->
 
 def dense_moe(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts) -> torch.Tensor:
     """The reference: every expert on every token, weighted by dense [N, E] routing weights (zero off the top-k). No
-    data-dependent shapes and per-row exact; E / k times the expert work of sparse_moe."""
-    dense = dense_weights(idx, weights, experts.down.shape[0])
+    data-dependent shapes and per-row exact; E / k times the expert work of sparse_moe. idx may hold E (another
+    rank's expert: local_routing), which adds nothing."""
+    num_experts = experts.down.shape[0]
+    dense = dense_weights(idx, weights, num_experts + 1)[:, :num_experts]
     gate, up = torch.einsum("nd,eid->eni", x, experts.gate_up).chunk(2, dim=-1)  # [E, N, I] each
     out = torch.einsum("eni,edi->end", F.silu(gate) * up, experts.down)  # [E, N, H]
     return torch.einsum("end,ne->nd", out.float(), dense).to(x.dtype)

@@ -111,6 +111,7 @@ class RunRecord:
     drafter: dict = field(default_factory=dict)  # name and knobs of the drafter used
     prompt_text: str | None = None  # the prompt and the generated tokens as text (None: no tokenizer)
     text: str | None = None
+    parallel: dict | None = None  # the tensor/expert-parallel layout it ran on (Shard.layout; None: one process)
 
     @property
     def num_committed(self) -> int:

@@ -11,6 +11,7 @@ from .config import DecodeConfig
 from .decode import ARDecoder, DecodeError, Decoder, check_room, validate_prompt
 from .drafters import DrafterSpec, DraftTarget, build_drafter
 from .model import TargetModel
+from .parallel import current_shard
 from .records import MODES, RunRecord, StepRecord
 from .timers import StepTimer
 
@@ -27,7 +28,8 @@ def parse_prompt(text: str, vocab_size: int) -> list[int]:
 
 
 def load_target(ckpt: Checkpoint, cfg: DecodeConfig) -> TargetModel:
-    return TargetModel.from_checkpoint(ckpt, cfg.device, cfg.dtype)
+    """The target on cfg's device and dtype: this rank's part of it when a process group is up (engine/parallel.py)."""
+    return TargetModel.from_checkpoint(ckpt, cfg.device, cfg.dtype, shard=current_shard())
 
 
 def golden_for(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig) -> list[int] | None:

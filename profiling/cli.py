@@ -12,6 +12,7 @@ import sys
 
 from engine import cli_options as opts
 from engine.config import DecodeConfig
+from engine.parallel import gather_to_leader, init_from_env
 from engine.records import MODE_LABELS, RunRecord
 from engine.session import decode_runs
 
@@ -19,6 +20,7 @@ from .capture import capture_runs
 from .divergence import verdict
 from .metrics import real_divergences, summarize_runs, tau
 from .progress import DecodeProgress
+from .ranks import ranks_table
 from .repeats import median_repeat, repeat_runs, summarize_repeats
 from .report import check_out_dir, write_all
 
@@ -84,11 +86,13 @@ def run_command(args: argparse.Namespace) -> int:
         spec = opts.drafter_spec(args)
         if args.report is not None:
             check_out_dir(pathlib.Path(args.report), args.force)
+        shard = init_from_env(cfg.device)  # under torchrun: join the group; every rank decodes, rank 0 reports
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    leader = shard is None or shard.rank == 0
     modes = opts.TREES[args.tree]
-    progress = DecodeProgress(cfg.max_new_tokens)
+    progress = DecodeProgress(cfg.max_new_tokens) if leader else None
     capture = None
     repeated = None
     if args.profile:
@@ -99,14 +103,20 @@ def run_command(args: argparse.Namespace) -> int:
         runs = median_repeat(repeated, modes[-1])
     else:
         runs = decode_runs(ckpt, prompt, cfg, spec, modes, on_step=progress)
-    progress.finish()
+    if progress is not None:
+        progress.finish()
+    ranks = gather_to_leader(runs) if shard is not None else None
+    failed = real_divergences(summarize_runs(runs))
+    if not leader:
+        return 1 if failed else 0
     print(summary_table(runs))
     if repeated is not None:
         print(repeats_table(repeated))
-    failed = real_divergences(summarize_runs(runs))
+    if ranks is not None:
+        print(ranks_table(ranks))
     if args.report is not None:
         try:
-            paths = write_all(runs, args.report, force=args.force, capture=capture)
+            paths = write_all(runs, args.report, force=args.force, capture=capture, ranks=ranks)
         except (ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

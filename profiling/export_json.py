@@ -57,7 +57,7 @@ def build_report(runs: dict[str, RunRecord], capture: Capture | None = None) -> 
         "schema_version": SCHEMA_VERSION,
         "environment": environment(str(primary.decode["device"])),
         "config": {"model": primary.model, "decode": primary.decode, "drafter": primary.drafter,
-                   "prompt": list(primary.prompt), "modes": list(runs)},
+                   "prompt": list(primary.prompt), "modes": list(runs), "parallel": primary.parallel},
         "primary": primary.mode,
         "summaries": summaries,
         "runs": {mode: run_dict(run) for mode, run in runs.items()},

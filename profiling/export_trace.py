@@ -1,9 +1,11 @@
 """trace.json: Chrome Trace Event format (opens in Perfetto and chrome://tracing).
 
-One process per run (AR, chain, DDTree). Track 1 holds the stage ranges as complete ("X") events nested like
-the StepTimer ranges (profiling/spans.py lays them out); with a torch.profiler capture of a CUDA run,
-each CUDA stream gets a track of its kernels. Metadata ("M") events name every process and track.
-Timestamps are µs from the start of the run's prefill; args carry the step index and the op's arguments.
+One process per run (AR, chain, DDTree); for a parallel run, one per rank and run, the ranks of a run one above
+the other ("rank r/W: ..."), each with its own collective ranges (engine/parallel.py). Track 1 holds the stage
+ranges as complete ("X") events nested like the StepTimer ranges (profiling/spans.py lays them out); with a
+torch.profiler capture of a CUDA run, each CUDA stream gets a track of its kernels. Metadata ("M") events name
+every process and track. Timestamps are µs from the start of the run's prefill; args carry the step index and
+the op's arguments.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from .metrics import num_draft_positions, range_parents
 from .spans import PREFILL, TimedSpan, run_spans, step_slots
 
 PIDS = {mode: i + 1 for i, mode in enumerate(MODES)}  # one Perfetto process per run, AR on top
+RANK_PID_STRIDE = 1000  # a parallel run's process: PIDS[mode] * stride + rank (ranks of a run stay together)
 RANGES_TID = 1
 STREAM_TID_BASE = 100
 
@@ -94,11 +97,14 @@ def _meta(pid: int, tid: int | None, what: str, args: dict) -> dict:
     return event
 
 
-def run_events(run: RunRecord, capture: Capture | None) -> list[dict]:
-    pid = PIDS[run.mode]
+def run_events(run: RunRecord, capture: Capture | None, rank: int | None = None) -> list[dict]:
+    """The run's events; rank (of a parallel run) gives it a process of its own, labelled with the rank."""
+    world = run.parallel["world_size"] if run.parallel else 1
+    pid = PIDS[run.mode] if rank is None else PIDS[run.mode] * RANK_PID_STRIDE + rank
+    label = process_label(run) if rank is None else f"rank {rank}/{world}: {process_label(run)}"
     spans = run_spans(run)
     parents = range_parents(list(dict.fromkeys(s.name for s in spans if s.name != PREFILL)))
-    events = [_meta(pid, None, "process_name", {"name": process_label(run)}),
+    events = [_meta(pid, None, "process_name", {"name": label}),
               _meta(pid, None, "process_sort_index", {"sort_index": pid}),
               _meta(pid, RANGES_TID, "thread_name", {"name": ranges_track_label(run)})]
     events += [_span_event(pid, s, parents, run) for s in spans]
@@ -111,14 +117,23 @@ def run_events(run: RunRecord, capture: Capture | None) -> list[dict]:
     return events
 
 
-def build_trace(runs: dict[str, RunRecord], capture: Capture | None = None) -> dict:
+def build_trace(runs: dict[str, RunRecord], capture: Capture | None = None,
+                ranks: list[dict[str, RunRecord]] | None = None) -> dict:
+    """The trace of the runs; with ranks (every rank's runs, rank 0's are `runs`), one process per rank and run.
+    The capture is rank 0's."""
+    if ranks is None:
+        events = [event for run in runs.values() for event in run_events(run, capture)]
+    else:
+        events = [event for rank, rank_runs in enumerate(ranks) for run in rank_runs.values()
+                  for event in run_events(run, capture if rank == 0 else None, rank)]
     return {
-        "traceEvents": [event for run in runs.values() for event in run_events(run, capture)],
+        "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"generator": "DDTree Studio profiling.export_trace", "time_origin": "each run's prefill start",
                       "layout": "steps back to back in host wall-time slots after the prefill"},
     }
 
 
-def render(runs: dict[str, RunRecord], capture: Capture | None = None) -> bytes:
-    return json.dumps(build_trace(runs, capture), allow_nan=False).encode()
+def render(runs: dict[str, RunRecord], capture: Capture | None = None,
+           ranks: list[dict[str, RunRecord]] | None = None) -> bytes:
+    return json.dumps(build_trace(runs, capture, ranks), allow_nan=False).encode()

@@ -143,11 +143,14 @@ def _replace_all(out: pathlib.Path, blobs: dict[str, bytes]) -> None:
 
 
 def write_all(runs: Runs, out_dir: str | os.PathLike, force: bool = False,
-              capture: Capture | None = None) -> list[pathlib.Path]:
-    """Write all five exports into out_dir (created if missing), all or none; returns their paths."""
+              capture: Capture | None = None, ranks: list[Runs] | None = None) -> list[pathlib.Path]:
+    """Write all five exports into out_dir (created if missing), all or none; returns their paths. ranks: every
+    rank's runs of a parallel run (profiling/ranks.py), which trace.json shows one process per rank and run."""
     out = pathlib.Path(out_dir)
     check_out_dir(out, force)
     blobs = {name: render(runs, name, capture) for name in FORMATS}
+    if ranks is not None:
+        blobs["trace.json"] = export_trace.render(runs, capture, ranks)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -108,6 +108,9 @@ CAPTURE_RUN = _object({"ranges": {"type": "array", "items": CAPTURE_RANGE},
 CAPTURE = _object({"activities": {"type": "array", "items": {"enum": ["cpu", "cuda"]}},
                    "runs": {"type": "object", "propertyNames": _MODE, "additionalProperties": CAPTURE_RUN}})
 
+PARALLEL = _object({"world_size": _INT, "backend": {"type": "string"}, "heads_per_rank": _INT,
+                    "experts_per_rank": _INT})  # engine.parallel.Shard.layout: the run's tensor/expert layout
+
 REPORT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "DDTree Studio report",
@@ -115,7 +118,8 @@ REPORT_SCHEMA = {
         "schema_version": {"const": SCHEMA_VERSION},
         "environment": ENVIRONMENT,
         "config": _object({"model": {"type": "object"}, "decode": {"type": "object"}, "drafter": {"type": "object"},
-                           "prompt": _INTS, "modes": {"type": "array", "items": _MODE}}),
+                           "prompt": _INTS, "modes": {"type": "array", "items": _MODE},
+                           "parallel": {"oneOf": [{"type": "null"}, PARALLEL]}}),
         "primary": _SPEC_MODE,
         "summaries": {"type": "object", "propertyNames": _SPEC_MODE, "additionalProperties": SUMMARY,
                       "minProperties": 1},

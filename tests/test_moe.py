@@ -30,6 +30,7 @@ from engine.moe import (
     Experts,
     default_path,
     dense_moe,
+    local_routing,
     route,
     sparse_moe,
     stack_experts,
@@ -85,6 +86,34 @@ def test_sparse_equals_dense_and_a_per_token_loop(dtype):
             assert relative_error(got, want) < TOLERANCE[dtype], (num, k, hidden, inter, n)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_each_ranks_experts_sum_to_the_whole_layer(world):
+    """Expert parallelism (engine/parallel.py): the ranks' outputs over their own experts (local_routing) add up to
+    the whole layer's, in every path (a skipped assignment's row is never computed and adds nothing)."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    num, hidden, inter = world * int(torch.randint(1, 6, (), generator=gen)), 16, 8
+    k = int(torch.randint(1, min(num, 4) + 1, (), generator=gen))
+    n = int(torch.randint(1, 30, (), generator=gen))
+    ex = random_experts(num, hidden, inter, torch.float32, gen)
+    x = torch.randn(n, hidden, generator=gen)
+    idx = torch.rand(n, num, generator=gen).topk(k, -1).indices
+    w = torch.rand(n, k, generator=gen)
+    want = per_token_loop(x, idx, w, ex)
+    per_rank = num // world
+    for path in ("sparse", "exact", "dense"):
+        total = torch.zeros_like(x)
+        for rank in range(world):
+            held = slice(rank * per_rank, (rank + 1) * per_rank)
+            local = Experts(ex.gate_up[held], ex.down[held])
+            local_idx, local_w = local_routing(idx, w, held.start, per_rank)
+            assert ((local_idx == per_rank) == ((idx < held.start) | (idx >= held.stop))).all()
+            if path == "dense":
+                total += dense_moe(x, local_idx, local_w, local)
+            else:
+                total += sparse_moe(x, local_idx, local_w, local, exact=path == "exact", foreign=True)
+        assert torch.isfinite(total).all() and relative_error(total, want) < TOLERANCE[torch.float32], path
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_exact_layout_makes_a_row_depend_on_that_row_alone(dtype):
     """A row gives the same bits in any block of ROW_BLOCK rows, at any place in it, beside any other rows."""
@@ -135,6 +164,21 @@ def test_stacking_copies_each_expert_into_place_and_frees_it_on_arrival():
             want_gate_up = np.concatenate([arrays[f"{p}.{e}.gate_proj.weight"], arrays[f"{p}.{e}.up_proj.weight"]])
             assert np.array_equal(ex.gate_up[e].numpy(), want_gate_up)
             assert np.array_equal(ex.down[e].numpy(), arrays[f"{p}.{e}.down_proj.weight"])
+
+
+def test_a_rank_stacks_only_the_experts_it_holds_and_still_checks_the_rest():
+    rng = random.Random(random.randrange(2**31))
+    cfg = moe_config(rng, num_hidden_layers=2, first_k_dense_replace=1)
+    arrays = {n: torch.from_numpy(a) for n, a in random_weights(cfg, rng.randrange(99)).items()}
+    num = cfg.n_routed_experts
+    held = slice(rng.randrange(1, num), num)  # expert 0 lives on another rank
+    _, stacks = stack_experts(cfg, arrays.items(), held)
+    assert stacks[1].down.shape[0] == num - held.start
+    for e in range(held.start, num):
+        assert torch.equal(stacks[1].down[e - held.start], arrays[f"model.layers.1.mlp.experts.{e}.down_proj.weight"])
+    gone = "model.layers.1.mlp.experts.0.up_proj.weight"
+    with pytest.raises(ValueError, match=f"{gone} is missing".replace(".", r"\.")):
+        stack_experts(cfg, ((n, t) for n, t in arrays.items() if n != gone), held)
 
 
 def test_stacking_names_a_missing_misshapen_or_unknown_expert():
@@ -213,14 +257,14 @@ def test_step_records_count_the_experts_of_their_verify():
     routed: list[dict[int, np.ndarray]] = []
     run_moe = model._moe
 
-    def spy(layer, x, real, exact):
+    def spy(layer, x, real, exact, timer):
         if layer["moe_index"] == 0:
             routed.append({})
         w = ckpt.numpy_weights()
         p = f"model.layers.{layer['moe_index'] + cfg.first_k_dense_replace}.mlp.gate"
         routed[-1][layer["moe_index"]] = reference.route(cfg, x.double().numpy(), w[f"{p}.weight"].astype(
             np.float64), w[f"{p}.e_score_correction_bias"].astype(np.float64))[0][real.numpy()]
-        return run_moe(layer, x, real, exact)
+        return run_moe(layer, x, real, exact, timer)
 
     model._moe = spy
     prompt = np.random.default_rng(seed).integers(cfg.vocab_size, size=6).tolist()

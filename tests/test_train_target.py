@@ -38,7 +38,9 @@ from engine.training.recipe import PRESETS
 from engine.training.target_model import TargetLM, update_router_biases
 from engine.weights import weight_shapes
 from tests.greedy import assert_greedy_equal
+from tests.tolerance import assert_close_at_scale
 
+FLOAT32_AT_SCALE = 3e-5  # float32 against the float64 golden model: measured up to 1.3e-5 of the largest logit
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 0.8}
 VARIANTS = {
     "qlora_dense1_groups": {},
@@ -88,12 +90,12 @@ def test_logits_equal_golden_and_engine(variant, tmp_path):
     n = tokens.shape[1]
     for row, ids in enumerate(tokens):
         golden = reference.forward_logits(cfg, ckpt.numpy_weights(), ids.tolist())
-        np.testing.assert_allclose(ours[row], golden, atol=1e-4, rtol=3e-5, err_msg=f"seed {seed}")
+        assert_close_at_scale(ours[row], golden, FLOAT32_AT_SCALE, f"(seed {seed})")
         cache = LatentCache(cfg.num_hidden_layers, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, "cpu", torch.float32,
                             engine_model.rope(n))
         engine_logits, _ = engine_model.forward(torch.from_numpy(ids), torch.arange(n),
                                                 torch.ones(n, n, dtype=torch.bool).tril(), cache)  # a causal prefill
-        np.testing.assert_allclose(ours[row], engine_logits.numpy(), atol=1e-4, rtol=3e-5, err_msg=f"seed {seed}")
+        assert_close_at_scale(ours[row], engine_logits.numpy(), FLOAT32_AT_SCALE, f"(seed {seed})")
 
 
 def test_hidden_states_follow_transformers_numbering(tmp_path):
