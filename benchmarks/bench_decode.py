@@ -36,6 +36,7 @@ from engine.dflash.fixtures import kimi_k25_layout, random_tensors
 from engine.drafters.dflash import DFlashDrafter, context_capacity
 from engine.drafters.oracle import OracleDrafter
 from engine.model import TargetModel
+from engine.parallel import Shard
 from engine.records import MODE_LABELS
 from engine.weights import lm_head_name, weight_shapes
 
@@ -115,8 +116,10 @@ def target_tensors(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, s
         yield head, torch.empty_like(embed).index_copy_(0, perm, embed * cfg.hidden_size ** -0.5)
 
 
-def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int) -> TargetModel:
-    return TargetModel(cfg, target_tensors(cfg, device, dtype, seed))
+def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int,
+                 shard: Shard | None = None) -> TargetModel:
+    """The seeded random model (the same weights on every rank; each keeps its shard's part)."""
+    return TargetModel(cfg, target_tensors(cfg, device, dtype, seed), shard=shard)
 
 
 def ddtree_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, drafter: OracleDrafter,

@@ -17,15 +17,20 @@ would touch E (1 - (1 - k/E)^(B+1)) experts: the "uniform" column. The "moe laye
 routed experts alone at N tokens, sparse (grouped GEMM) against the dense all-experts reference, each against the
 floor of the weights it reads.
 
-    python -m benchmarks.bench_moe [--device cuda|cpu] [--quick] [--out DIR]
+    python -m benchmarks.bench_moe [--device cuda|cpu] [--quick] [--out DIR] [--layers N]
+    torchrun --nproc-per-node W -m benchmarks.bench_moe ...    # the model split over W ranks (engine/parallel.py)
 
---quick runs a small model of the same shape on the CPU in seconds (for the tests).
+--quick runs a small model of the same shape on the CPU in seconds (for the tests). --layers fixes the layer count
+(default: what fits one GPU, so runs at W = 1, 2, 4, 8 time the same model). Under torchrun every rank decodes its
+shard and rank 0 writes moe-<device>-w<W>.{json,md}: the steps table gains the share of the step in collectives
+(comm), the floors are left out (they count one device reading the whole model) and so is the moe-layer table.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -39,6 +44,7 @@ from engine.decode import ARDecoder, Decoder
 from engine.drafters.oracle import OracleDrafter
 from engine.model import TargetModel
 from engine.moe import dense_moe, route, sparse_moe
+from engine.parallel import init_from_env, is_collective
 from engine.weights import weight_shapes
 
 from .bench_decode import NOISY, ddtree_decoder, k2_mini, random_model
@@ -153,19 +159,31 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
     return rows, [r["prefill_ms"] for r in rows if "error" not in r]
 
 
-def add_floors(rows: list[dict], cfg: ModelConfig, itemsize: int, copy_tbps: float) -> None:
-    """Each row's floor (ms), its step times over it, the uniform-routing expectation and the speedups."""
-    ar = rows[0]
+def add_expert_traffic(rows: list[dict], cfg: ModelConfig, itemsize: int) -> None:
+    """Each row's uniform-routing expectation, touched experts per MoE layer and expert GB per step."""
     num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    for row in (r for r in rows if "error" not in r):
+        row["uniform_touched"] = uniform_touched(cfg, row["budget"] + 1)
+        row["touched_mean"] = row["touched"] / num_moe
+        row["expert_gb"] = row["touched"] * 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize / 1e9
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Each row's tokens/s over the AR row's, eager and graph."""
+    ar = rows[0]
+    for row in (r for r in rows if "error" not in r):
+        for mode in ("eager", "graph"):
+            row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar.get(f"{mode}_tokens_per_s"))
+
+
+def add_floors(rows: list[dict], cfg: ModelConfig, itemsize: int, copy_tbps: float) -> None:
+    """Each row's floor (ms) and its step times over it, and the speedups."""
+    add_speedups(rows)
     for row in (r for r in rows if "error" not in r):
         nodes = row["budget"] + 1
         row["floor_ms"] = step_read_bytes(cfg, itemsize, nodes, row["prefix_len"], row["touched"]) / copy_tbps / 1e9
-        row["uniform_touched"] = uniform_touched(cfg, nodes)
-        row["touched_mean"] = row["touched"] / num_moe
-        row["expert_gb"] = row["touched"] * 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize / 1e9
         for mode in ("eager", "graph"):
             row[f"{mode}_over_floor"] = ratio(row[f"{mode}_step_ms"], row["floor_ms"])
-            row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar.get(f"{mode}_tokens_per_s"))
 
 
 def layer_rows(model: TargetModel, device: torch.device, copy_tbps: float, quick: bool) -> list[dict]:
@@ -200,6 +218,7 @@ STEP_COLUMNS = [
     Column("speedup_eager", "speedup eager", "{:.2f}"), Column("speedup_graph", "speedup graph", "{:.2f}"),
     Column("tokens_match_ar", "tokens == AR"),
 ]
+PARALLEL_STEP_COLUMNS = [c for c in STEP_COLUMNS if "floor" not in c.key] + [Column("comm_share", "comm", "{:.1%}")]
 EXPERT_COLUMNS = [
     Column("mode", "mode"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
     Column("touched_mean", "experts touched / MoE layer", "{:.1f}"), Column("uniform_touched", "uniform", "{:.1f}"),
@@ -213,42 +232,76 @@ LAYER_COLUMNS = [
 ]
 
 
+def layers_option(p) -> None:
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="Kimi-K2 layers, the first dense (default: as many as fit one GPU's MODEL_BYTES)")
+
+
+def add_comm_share(rows: list[dict]) -> None:
+    """A parallel run's rows: the share of the stage-timed step spent in collectives."""
+    for row in (r for r in rows if "error" not in r):
+        row["comm_share"] = sum(ms for name, ms in row["stage_ms"].items() if is_collective(name)) / row["stage_ms"][
+            "step"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args("What DDTree does to an MoE: Kimi-K2 layers, AR vs DDTree (small model with --quick)", argv)
+    args = parse_args("What DDTree does to an MoE: Kimi-K2 layers, AR vs DDTree (small model with --quick)", argv,
+                      layers_option)
     device = resolve_device(args.device)
     if device.type == "cpu" and not args.quick:
         raise SystemExit("bench_moe on the CPU runs only with --quick: the Kimi-K2 layers take over 100 GB of "
                          "memory; run it with --device cuda on an H200")
+    if args.layers is not None and not 2 <= args.layers <= 61:
+        raise SystemExit(f"--layers {args.layers}: expected 2..61 (one dense layer and at least one MoE layer)")
+    shard = init_from_env(device.type)
+    world = shard.world if shard else 1
+    if shard is not None and shard.rank > 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 alone prints; the others still decode
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     info = start_run("bench_moe", "benchmarks.bench_moe", argv, device, dtype, args.quick)
-    cfg = quick_k2() if args.quick else kimi_k2(layers_that_fit(MODEL_BYTES, dtype.itemsize))
+    if args.quick:
+        cfg = quick_k2() if args.layers is None else dataclasses.replace(quick_k2(), num_hidden_layers=args.layers)
+    else:
+        cfg = kimi_k2(args.layers or layers_that_fit(MODEL_BYTES, dtype.itemsize))
     no_dflash = {"dflash_layers": 0, "dflash_block_size": 0}  # bench_decode's learned-drafter rows: none here
     plan = (Plan(32, (4, 16), (0.0, NOISY), 4, 1, 3, 2, **no_dflash) if args.quick
             else Plan(4096, (16, 64, 256), (0.0, NOISY), 16, 2, 12, 3, **no_dflash))
     num_counted = 2 if args.quick else 4
     torch.manual_seed(0)
-    model = random_model(cfg, device, dtype, seed=0)
+    model = random_model(cfg, device, dtype, seed=0, shard=shard)
     size = model_bytes(cfg, dtype.itemsize)
     rows, prefills = decode_rows(model, plan, num_counted, device)
-    add_floors(rows, cfg, dtype.itemsize, info.ceilings.copy_tbps)
-    layers = layer_rows(model, device, info.ceilings.copy_tbps, args.quick)
-    results = {"model_name": "k2-quick" if args.quick else f"kimi-k2-{cfg.num_hidden_layers}-layers",
-               "model": cfg.to_dict(), "model_bytes": size, "moe_path": model.moe_path, "plan": asdict(plan),
-               "num_counted": num_counted, "prefill_ms": statistics.median(prefills) if prefills else None,
-               "rows": rows, "layer": layers}
+    add_expert_traffic(rows, cfg, dtype.itemsize)
+    if shard is None:
+        add_floors(rows, cfg, dtype.itemsize, info.ceilings.copy_tbps)
+    else:
+        add_speedups(rows)
+        add_comm_share(rows)
+    layers = layer_rows(model, device, info.ceilings.copy_tbps, args.quick) if shard is None else []
+    name = "k2-quick" if args.quick else f"kimi-k2-{cfg.num_hidden_layers}-layers"
+    results = {"model_name": name, "model": cfg.to_dict(), "model_bytes": size, "moe_path": model.moe_path,
+               "plan": asdict(plan), "num_counted": num_counted, "world_size": world, "parallel": model.layout(),
+               "prefill_ms": statistics.median(prefills) if prefills else None, "rows": rows, "layer": layers}
     num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    split = f", split over {world} ranks ({shard and model.layout()['backend']})" if shard else ""
     setup = (f"{results['model_name']}: {cfg.num_hidden_layers} layers ({cfg.first_k_dense_replace} dense, {num_moe} "
              f"MoE of {cfg.n_routed_experts} experts top-{cfg.num_experts_per_tok}), {size / 1e9:.1f} GB of "
-             f"{info.ceilings.dtype} weights, {model.moe_path} MoE; prompt {plan.prompt_len} tokens (prefill "
+             f"{info.ceilings.dtype} weights{split}, {model.moe_path} MoE; prompt {plan.prompt_len} tokens (prefill "
              f"{results['prefill_ms'] or 0:.1f} ms, median of {len(prefills)}), block size {plan.block_size}, "
              f"{plan.num_steps} timed steps per decoder, experts counted over {num_counted} more")
-    tables = {"setup": setup, "steps": markdown_table(rows, STEP_COLUMNS),
-              "experts": markdown_table(rows, EXPERT_COLUMNS), "moe layer": markdown_table(layers, LAYER_COLUMNS)}
-    print(f"\n{setup}\n\n{text_table(rows, STEP_COLUMNS)}\n\n{text_table(rows, EXPERT_COLUMNS)}\n\n"
-          f"{text_table(layers, LAYER_COLUMNS)}\n")
-    json_path, md_path = write_results(args.out, f"moe-{device.type}", info, results, tables)
+    columns = STEP_COLUMNS if shard is None else PARALLEL_STEP_COLUMNS
+    tables = {"setup": setup, "steps": markdown_table(rows, columns), "experts": markdown_table(rows, EXPERT_COLUMNS)}
+    if layers:
+        tables["moe layer"] = markdown_table(layers, LAYER_COLUMNS)
+    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{text_table(rows, EXPERT_COLUMNS)}\n")
+    if layers:
+        print(f"{text_table(layers, LAYER_COLUMNS)}\n")
     failed = num_failed(rows) + sum(bool(r.get("graph_error")) for r in rows)
+    if shard is not None and shard.rank > 0:
+        return 1 if failed else 0
+    stem = f"moe-{device.type}" + (f"-w{world}" if shard else "")
+    json_path, md_path = write_results(args.out, stem, info, results, tables)
     print(f"wrote {json_path} and {md_path}" + (f"; {failed} FAILED" if failed else ""))
     return 1 if failed else 0
 

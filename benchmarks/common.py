@@ -228,8 +228,12 @@ def start_run(benchmark: str, module: str, argv: Sequence[str], device: torch.de
     return info
 
 
-def parse_args(description: str, argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(description: str, argv: Sequence[str] | None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The options every benchmark takes, plus what extra(parser) adds."""
     p = argparse.ArgumentParser(description=description)
+    if extra is not None:
+        extra(p)
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="where to run (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--quick", action="store_true", help="the smallest settings: a smoke run in seconds")

@@ -5,6 +5,8 @@
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
 #   pair: train the shipped target and its DFlash drafter (showcase presets, resumable) into $PAIR, tar them
 #         into $OUT, then bench_pair
+#   parallel: on a machine of several GPUs, bench_moe at a fixed model over 1, 2, 4, ... ranks (torchrun, NCCL),
+#         then the parallel CPU tests; NVLink multicast stays off (the three variables below)
 set -uo pipefail
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 DDTREE_BUILD_DIR=/tmp/ddtree-build
@@ -33,6 +35,16 @@ if [ "$mode" = bench ] || [ "$mode" = full ]; then
 fi
 if [ "$mode" = moe ]; then
   timeout 300 python3 -m benchmarks.bench_moe --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log"
+fi
+if [ "$mode" = parallel ]; then
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  gpus=$(nvidia-smi -L | wc -l)
+  for world in 1 2 4 8; do
+    [ "$world" -le "$gpus" ] || break
+    timeout 300 torchrun --standalone --nproc-per-node "$world" -m benchmarks.bench_moe --device cuda \
+      --layers "${LAYERS:-4}" --out "$OUT" 2>&1 | tee "$OUT/bench_moe_w$world.log"
+  done
+  python3 -m pytest -q -p no:cacheprovider tests/test_parallel.py 2>&1 | tail -3 | tee "$OUT/parallel_tests.log"
 fi
 # The shipped pair, resumable: each stage continues a paused or interrupted run in $PAIR, or skips a finished one.
 train() {  # train(label, dir, seconds, command...)

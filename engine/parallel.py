@@ -35,6 +35,11 @@ MOE_COMBINE = "combine"  # .../moe/combine: the experts' partial outputs summed 
 COLLECTIVES = (ATTN_REDUCE, MOE_COMBINE)  # the ranges that communicate
 
 
+def is_collective(range_name: str) -> bool:
+    """Whether a StepTimer range (full name, e.g. step/verify/layer3/moe/combine) is a collective's."""
+    return range_name.rsplit("/", 1)[-1] in COLLECTIVES
+
+
 class ParallelError(ValueError):
     """The model cannot be split this way, or the process group is not what the run needs."""
 

@@ -1,6 +1,8 @@
 """bench_moe at its smallest CPU setting, end to end, and its sizing and floor arithmetic."""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -74,3 +76,22 @@ def test_the_full_size_run_is_refused_on_the_cpu(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_moe", "--device", "cpu", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "only with --quick" in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_under_torchrun_rank_0_writes_the_split_run_with_its_communication_share(moe_run, tmp_path):
+    """torchrun --nproc-per-node 2 -m benchmarks.bench_moe --quick: the same tokens and tau as one process, each
+    row's share in collectives, one results file."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "benchmarks.bench_moe", "--device", "cpu", "--quick", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["moe-cpu-w2.json", "moe-cpu-w2.md"]
+    data = json.loads((tmp_path / "moe-cpu-w2.json").read_text())
+    alone = moe_run[1]["rows"]
+    assert data["world_size"] == 2 and data["parallel"]["experts_per_rank"] == quick_k2().n_routed_experts // 2
+    assert data["layer"] == [] and proc.stdout.count("wrote ") == 1
+    for row, one in zip(data["rows"], alone, strict=True):
+        assert row["tokens_match_ar"] is True and row["tau_eager"] == one["tau_eager"]
+        assert row["touched_per_layer"] == one["touched_per_layer"], "the ranks route every token as one process"
+        assert 0 < row["comm_share"] < 1 and "floor_ms" not in row
