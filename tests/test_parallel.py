@@ -93,6 +93,37 @@ def test_the_sharded_forward_and_decode_match_one_process(world, tmp_path):
     mp.spawn(_rank_main, args=(world, str(tmp_path / "rendezvous"), random.randrange(2**31)), nprocs=world)
 
 
+def _nccl_rank_main(rank: int, world: int, rendezvous: str, seed: int) -> None:
+    """On GPU rank: the sharded bfloat16 decode, eager and as one CUDA graph per rank replayed, == AR (batch-invariant,
+    so the comparison is exact: a sum of two ranks is order-free)."""
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        from engine.decode import ARDecoder, Decoder
+        from engine.drafters.oracle import OracleDrafter
+
+        ckpt = read_kdtr(TINY_FIXTURE)
+        model = TargetModel.from_checkpoint(ckpt, "cuda", "bfloat16", shard=current_shard())
+        rng = random.Random(seed)
+        prompt = [rng.randrange(ckpt.config.vocab_size) for _ in range(8)]
+        cfg = DecodeConfig(max_new_tokens=16, budget=16, block_size=4, device="cuda", dtype="bfloat16",
+                           batch_invariant=True)
+        ar = ARDecoder(model, prompt, cfg).run().tokens
+        for graph in (False, True):
+            drafter = OracleDrafter(ar + [0] * cfg.block_size, ckpt.config.vocab_size, cfg.num_draft_positions,
+                                    noise=0.3, seed=seed,
+                                    num_positions=cfg.max_new_tokens + cfg.block_size, device=model.device)
+            dec = Decoder(model, prompt, cfg, "ddtree", drafter, cuda_graph=graph)
+            assert dec.run().tokens == ar, f"cuda_graph={graph}"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (torch sees fewer)")
+def test_nccl_ranks_decode_as_ar_eager_and_as_cuda_graphs(tmp_path):
+    mp.spawn(_nccl_rank_main, args=(2, str(tmp_path / "rendezvous"), random.randrange(2**31)), nprocs=2)
+
+
 @pytest.mark.parametrize("total, world", [(4, 3), (8, 16), (6, 4)])
 def test_a_layout_that_does_not_divide_is_refused(total, world):
     with pytest.raises(ParallelError, match=f"= {total} does not split over {world} ranks"):
