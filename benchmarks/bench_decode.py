@@ -128,9 +128,11 @@ def ddtree_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, dra
 
 
 def dflash_rows(model: TargetModel, prompt: list[int], plan: Plan, decode_cfg: Callable[..., DecodeConfig],
-                cuda: bool) -> tuple[DFlashConfig, list[dict]]:
+                cuda: bool, extra: Callable[[Callable[[bool], Decoder]], dict] | None = None
+                ) -> tuple[DFlashConfig, list[dict]]:
     """The learned drafter's chain row and one DDTree row per budget; each decoder gets a drafter of its own (the
-    drafter keeps the decode's context), all over one set of random weights."""
+    drafter keeps the decode's context), all over one set of random weights. extra(make) adds fields to a row
+    (bench_moe: the experts a fresh decoder's verifies touch)."""
     layout = dflash_layout(model.cfg, plan)
     weights = DFlashWeights.from_tensors(layout, random_tensors(layout, 0, model.device, model.dtype))
 
@@ -144,7 +146,8 @@ def dflash_rows(model: TargetModel, prompt: list[int], plan: Plan, decode_cfg: C
     for mode, budget in [("chain", None), *(("ddtree", b) for b in plan.budgets)]:
         key = {"mode": MODE_LABELS[mode], "budget": budget, "noise": None, "drafter": "dflash"}
         build = functools.partial(make, mode, budget or 0)
-        rows.append(guarded(key, lambda key=key, build=build: {**key, **measure_decoder(build, plan, cuda)}))
+        rows.append(guarded(key, lambda key=key, build=build: {**key, **measure_decoder(build, plan, cuda),
+                                                               **(extra(build) if extra else {})}))
         if "error" not in rows[-1]:
             share = rows[-1]["stage_share"]["drafter"]
             where = f" B={budget}" if budget is not None else ""

@@ -8,8 +8,11 @@ layers (about 108 GB; layers_that_fit says). Random weights are made on the devi
 DDTree must commit exactly the AR tokens).
 
 After a 4096-token prompt (its prefill time is the median over the run's prefills), AR and DDTree at B in
-{16, 64, 256} with the exact and the noisy oracle step the same decode, timed eagerly and as CUDA-graph replays
-(decode_steps.measure_decoder). A separate decoder per row then steps with its records on, for the routed experts
+{16, 64, 256} with the exact and the noisy oracle step the same decode, then the learned drafter (a random-weight
+DFlash drafter of Kimi-K2.5-DFlash's widths, 6 layers, block 8: bench_decode.dflash_rows) as the chain and at each
+budget, timed eagerly and as CUDA-graph replays (decode_steps.measure_decoder); "speedup vs budget" draws each
+drafter's speedup over AR against B, where the turn shows. A separate decoder per row then steps with its records
+on, for the routed experts
 each verify touched per MoE layer (StepRecord.experts) and the prefix length: a step's floor is the bytes it must
 read (every weight but the embedding, of which it reads N rows, with the routed experts counted as touched x one
 expert's bytes, plus N + prefix_len latent cache rows per layer) at the measured copy bandwidth. Uniform routing
@@ -47,7 +50,7 @@ from engine.moe import dense_moe, route, sparse_moe
 from engine.parallel import init_from_env, is_collective
 from engine.weights import weight_shapes
 
-from .bench_decode import NOISY, ddtree_decoder, k2_mini, random_model
+from .bench_decode import NOISY, ddtree_decoder, dflash_rows, k2_mini, random_model
 from .common import (
     FULL,
     QUICK,
@@ -66,6 +69,7 @@ from .common import (
 from .decode_steps import Plan, measure_decoder
 
 MODEL_BYTES = 120 * 10**9  # bf16 weights on the H200 (141 GB), leaving room for activations, cache and graphs
+DFLASH_LAYERS, DFLASH_BLOCK = 6, 8  # the learned drafter's rows: Kimi-K2.5-DFlash's widths and block, 6 layers
 LAYER_TOKENS = (1, 17, 65, 257)  # rows of the moe-layer table: AR and the verify of B = 16, 64, 256
 
 
@@ -139,12 +143,12 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
         ar_dec.advance()
     continuation = ar_dec.generated[:need].cpu().tolist()
     del ar_dec
-    makers = [({"mode": "AR", "budget": 0, "noise": None},
+    makers = [({"mode": "AR", "budget": 0, "noise": None, "drafter": None},
                lambda graph: ARDecoder(model, prompt, ar_cfg, cuda_graph=graph))]
     for noise in plan.noises:
         drafter = OracleDrafter(continuation, cfg.vocab_size, plan.block_size - 1, noise=noise, seed=0,
                                 num_positions=plan.max_new_tokens + plan.block_size, device=device)
-        makers += [({"mode": "DDTree", "budget": b, "noise": noise},
+        makers += [({"mode": "DDTree", "budget": b, "noise": noise, "drafter": "oracle"},
                     functools.partial(ddtree_decoder, model, prompt, decode_cfg(b, plan.max_new_tokens), drafter))
                    for b in plan.budgets]
     rows = []
@@ -154,6 +158,12 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
         if "error" not in rows[-1]:
             print(f"  {key['mode']} B={key['budget']:4d} noise={key['noise']}: eager {rows[-1]['eager_step_ms']:.3f} "
                   f"ms/step, tau {rows[-1]['tau_eager']:.2f}, {rows[-1]['touched']:.1f} experts touched", flush=True)
+    if plan.dflash_layers:  # the learned drafter (random Kimi-K2.5-DFlash-shaped weights): chain, then each budget
+        _, learned = dflash_rows(model, prompt, plan, lambda budget, max_new, block: dataclasses.replace(
+            decode_cfg(budget, max_new), block_size=block), cuda, lambda make: count_experts(make(False), num_counted))
+        rows += learned
+    for row in rows:  # the verify's rows: AR's root, the chain's block, the tree's B + 1
+        row["num_nodes"] = plan.dflash_block_size if row["mode"] == "chain" else row["budget"] + 1
     for row in (r for r in rows if "error" not in r):  # greedy-exact: every decoder commits the AR tokens
         row["tokens_match_ar"] = all(tokens == continuation[: len(tokens)] for tokens in row.pop("generated"))
     return rows, [r["prefill_ms"] for r in rows if "error" not in r]
@@ -163,7 +173,7 @@ def add_expert_traffic(rows: list[dict], cfg: ModelConfig, itemsize: int) -> Non
     """Each row's uniform-routing expectation, touched experts per MoE layer and expert GB per step."""
     num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
     for row in (r for r in rows if "error" not in r):
-        row["uniform_touched"] = uniform_touched(cfg, row["budget"] + 1)
+        row["uniform_touched"] = uniform_touched(cfg, row["num_nodes"])
         row["touched_mean"] = row["touched"] / num_moe
         row["expert_gb"] = row["touched"] * 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize / 1e9
 
@@ -180,8 +190,8 @@ def add_floors(rows: list[dict], cfg: ModelConfig, itemsize: int, copy_tbps: flo
     """Each row's floor (ms) and its step times over it, and the speedups."""
     add_speedups(rows)
     for row in (r for r in rows if "error" not in r):
-        nodes = row["budget"] + 1
-        row["floor_ms"] = step_read_bytes(cfg, itemsize, nodes, row["prefix_len"], row["touched"]) / copy_tbps / 1e9
+        row["floor_ms"] = step_read_bytes(cfg, itemsize, row["num_nodes"], row["prefix_len"], row["touched"]
+                                          ) / copy_tbps / 1e9
         for mode in ("eager", "graph"):
             row[f"{mode}_over_floor"] = ratio(row[f"{mode}_step_ms"], row["floor_ms"])
 
@@ -210,7 +220,7 @@ def layer_rows(model: TargetModel, device: torch.device, copy_tbps: float, quick
 
 
 STEP_COLUMNS = [
-    Column("mode", "mode"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
+    Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
     Column("tau_eager", "tau", "{:.2f}"), Column("eager_step_ms", "eager ms/step", "{:.3f}"),
     Column("graph_step_ms", "graph ms/step", "{:.3f}"), Column("floor_ms", "floor ms", "{:.3f}"),
     Column("eager_over_floor", "eager/floor", "{:.2f}"), Column("graph_over_floor", "graph/floor", "{:.2f}"),
@@ -220,7 +230,7 @@ STEP_COLUMNS = [
 ]
 PARALLEL_STEP_COLUMNS = [c for c in STEP_COLUMNS if "floor" not in c.key] + [Column("comm_share", "comm", "{:.1%}")]
 EXPERT_COLUMNS = [
-    Column("mode", "mode"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
+    Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
     Column("touched_mean", "experts touched / MoE layer", "{:.1f}"), Column("uniform_touched", "uniform", "{:.1f}"),
     Column("touched", "touched, all layers", "{:.1f}"), Column("expert_gb", "expert GB / step", "{:.2f}"),
 ]
@@ -230,6 +240,23 @@ LAYER_COLUMNS = [
     Column("sparse_over_floor", "sparse/floor", "{:.2f}"), Column("dense_us", "dense us", "{:.1f}"),
     Column("dense_floor_us", "dense floor us", "{:.1f}"), Column("dense_over_sparse", "dense/sparse", "{:.2f}"),
 ]
+
+
+def speedup_chart(rows: list[dict], width: int = 40) -> str:
+    """Speedup over AR against the budget, one series per drafter (graph replays where they ran, else eager), as
+    text bars: where a bigger tree stops paying for the experts it reads, the bars turn down."""
+    mode = "graph" if any(r.get("speedup_graph") for r in rows) else "eager"
+    done = [r for r in rows if "error" not in r and r["mode"] != "AR" and r.get(f"speedup_{mode}")]
+    if not done:
+        return "(no speculative row ran)"
+    top = max(r[f"speedup_{mode}"] for r in done)
+    lines = [f"speedup over AR ({mode}), 1x = AR; bar length relative to the best ({top:.2f}x)"]
+    for r in done:
+        series = r["drafter"] if r["drafter"] == "dflash" else f"oracle noise {r['noise']:g}"
+        where = "chain" if r["mode"] == "chain" else f"B={r['budget']}"
+        value = r[f"speedup_{mode}"]
+        lines.append(f"{series:<18}{where:>7}  {'#' * max(1, round(width * value / top)):<{width}}  {value:.2f}x")
+    return "```\n" + "\n".join(lines) + "\n```"
 
 
 def layers_option(p) -> None:
@@ -264,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = quick_k2() if args.layers is None else dataclasses.replace(quick_k2(), num_hidden_layers=args.layers)
     else:
         cfg = kimi_k2(args.layers or layers_that_fit(MODEL_BYTES, dtype.itemsize))
-    no_dflash = {"dflash_layers": 0, "dflash_block_size": 0}  # bench_decode's learned-drafter rows: none here
-    plan = (Plan(32, (4, 16), (0.0, NOISY), 4, 1, 3, 2, **no_dflash) if args.quick
-            else Plan(4096, (16, 64, 256), (0.0, NOISY), 16, 2, 12, 3, **no_dflash))
+    plan = (Plan(32, (4, 16), (0.0, NOISY), 4, 1, 3, 2, dflash_layers=1, dflash_block_size=4) if args.quick
+            else Plan(4096, (16, 64, 256), (0.0, NOISY), 16, 2, 12, 3, dflash_layers=DFLASH_LAYERS,
+                      dflash_block_size=DFLASH_BLOCK))
     num_counted = 2 if args.quick else 4
     torch.manual_seed(0)
     model = random_model(cfg, device, dtype, seed=0, shard=shard)
@@ -291,10 +318,11 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{results['prefill_ms'] or 0:.1f} ms, median of {len(prefills)}), block size {plan.block_size}, "
              f"{plan.num_steps} timed steps per decoder, experts counted over {num_counted} more")
     columns = STEP_COLUMNS if shard is None else PARALLEL_STEP_COLUMNS
-    tables = {"setup": setup, "steps": markdown_table(rows, columns), "experts": markdown_table(rows, EXPERT_COLUMNS)}
+    tables = {"setup": setup, "steps": markdown_table(rows, columns), "speedup vs budget": speedup_chart(rows),
+              "experts": markdown_table(rows, EXPERT_COLUMNS)}
     if layers:
         tables["moe layer"] = markdown_table(layers, LAYER_COLUMNS)
-    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{text_table(rows, EXPERT_COLUMNS)}\n")
+    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{speedup_chart(rows)}\n\n{text_table(rows, EXPERT_COLUMNS)}\n")
     if layers:
         print(f"{text_table(layers, LAYER_COLUMNS)}\n")
     failed = num_failed(rows) + sum(bool(r.get("graph_error")) for r in rows)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -32,8 +33,9 @@ def test_bench_moe_quick_cpu(moe_run):
     cfg, plan, rows = quick_k2(), data["plan"], data["rows"]
     num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-    assert [(r["mode"], r["budget"], r["noise"]) for r in rows] == [("AR", 0, None)] + [
-        ("DDTree", b, n) for n in plan["noises"] for b in plan["budgets"]]
+    assert [(r["mode"], r["drafter"], r["budget"], r["noise"]) for r in rows] == [("AR", None, 0, None)] + [
+        ("DDTree", "oracle", b, n) for n in plan["noises"] for b in plan["budgets"]] + [
+        ("chain", "dflash", None, None)] + [("DDTree", "dflash", b, None) for b in plan["budgets"]]
     assert_positive(data, "prefill_ms", "model_bytes")
     assert data["model_bytes"] == model_bytes(cfg, 4) and data["moe_path"] in ("sparse", "dense")
     for r in rows:
@@ -41,17 +43,22 @@ def test_bench_moe_quick_cpu(moe_run):
         assert r["graph_step_ms"] is None and r["tokens_match_ar"] is True
         assert 1 <= r["tau_eager"] <= plan["block_size"]
         assert len(r["touched_per_layer"]) == num_moe and r["touched"] == pytest.approx(sum(r["touched_per_layer"]))
-        assert all(k <= t <= min(e, (r["budget"] + 1) * k) for t in r["touched_per_layer"])
+        assert r["num_nodes"] == (plan["dflash_block_size"] if r["mode"] == "chain" else r["budget"] + 1)
+        assert all(k <= t <= min(e, r["num_nodes"] * k) for t in r["touched_per_layer"])
         assert r["eager_over_floor"] == pytest.approx(r["eager_step_ms"] / r["floor_ms"])
-        assert r["uniform_touched"] == pytest.approx(e * (1 - (1 - k / e) ** (r["budget"] + 1)))
+        assert r["uniform_touched"] == pytest.approx(e * (1 - (1 - k / e) ** r["num_nodes"]))
         assert r["prefix_len"] >= plan["prompt_len"]
     assert rows[0]["touched_per_layer"] == [k] * num_moe and rows[0]["speedup_eager"] == 1
     assert [r["tokens"] for r in data["layer"]] == list(LAYER_TOKENS)
     for r in data["layer"]:
         assert_positive(r, "sparse_us", "dense_us", "sparse_floor_us", "dense_floor_us")
         assert k <= r["touched"] <= min(e, r["tokens"] * k) and r["sparse_floor_us"] <= r["dense_floor_us"]
-    for section in ("steps", "experts", "moe layer"):
+    for section in ("steps", "speedup vs budget", "experts", "moe layer"):
         assert f"## {section}" in md
+    chart = md.split("## speedup vs budget")[1].split("\n## ")[0]
+    for r in rows[1:]:  # one bar per speculative row, its value the row's speedup
+        where = "chain" if r["mode"] == "chain" else f"B={r['budget']}"
+        assert re.search(rf"{where}\s+#+\s+{r['speedup_eager']:.2f}x", chart), (where, chart)
 
 
 def test_kimi_k2_layers_fill_the_budget_and_no_more():
