@@ -16,6 +16,7 @@ from engine.records import MODE_LABELS, RunRecord
 from engine.session import decode_runs
 
 from .capture import capture_runs
+from .capture_view import summary_lines
 from .divergence import verdict
 from .metrics import real_divergences, summarize_runs, tau
 from .progress import DecodeProgress
@@ -103,6 +104,8 @@ def run_command(args: argparse.Namespace) -> int:
     print(summary_table(runs))
     if repeated is not None:
         print(repeats_table(repeated))
+    if capture is not None:
+        print("\n".join(summary_lines(runs, capture)))
     failed = real_divergences(summarize_runs(runs))
     if args.report is not None:
         try:
