@@ -1,8 +1,7 @@
 """Decode: step through DDTree (or the chain) and inspect each step's tree, mask, accepted path and timings."""
 import streamlit as st
 
-from profiling.figures import mask_figure, tree_figure
-from ui import charts, state, views
+from ui import charts, state, tree_panel, views
 from ui.settings import checkpoint
 
 s = state.settings()
@@ -60,20 +59,7 @@ index = st.selectbox("Inspect step", range(len(steps)), key="inspect_step",
                      format_func=lambda i: f"step {i}" + (" (latest)" if i == len(steps) - 1 else ""))
 step = steps[index]
 st.markdown(views.tree_caption(step, piece))
-rows = views.path_rows(step, piece)
-picked = st.dataframe(rows, hide_index=True, width="stretch", key="path_nodes", on_select="rerun",
-                      selection_mode="single-row", column_config={
-                          "cum. log-prob": st.column_config.NumberColumn(format="%.3f"),
-                          "accepted": st.column_config.CheckboxColumn()})
-st.caption("The accepted path and its nodes' siblings (the drafter's other candidates), labelled for any tree "
-           "size; select a row to outline that node's row in the visibility mask.")
-selection = picked.selection.rows if picked is not None else []
-selected = rows[selection[0]]["node"] if selection and selection[0] < len(rows) else None
-tree_col, mask_col = st.columns(2)
-with tree_col.container(key="tree"):
-    st.plotly_chart(tree_figure(step, piece), width="stretch", config={"displaylogo": False})
-with mask_col.container(key="mask"):
-    st.plotly_chart(mask_figure(step, selected), width="stretch", config={"displaylogo": False})
+tree_panel.section(step, piece)
 
 a, c, t = st.columns(3)
 a.metric("Drafted tokens accepted", step.num_accepted)

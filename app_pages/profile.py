@@ -7,7 +7,7 @@ from profiling.expert_chart import expert_figure, expert_rows
 from profiling.metrics import kernel_table, summarize_runs
 from profiling.repeats import LARGE_SPREAD, range_stats, relative_spread, summarize_repeats
 from profiling.sweep import DEFAULT_BUDGETS, parse_budgets, verdict
-from ui import charts, drafter_health, source, state, views
+from ui import capture_panel, charts, drafter_health, source, state, views
 
 st.title("Profile")
 stepped = source.pick("profile_source") == source.STEPPED
@@ -71,6 +71,8 @@ st.dataframe(table, hide_index=True, width="stretch", height="content",
 st.plotly_chart(charts.kernel_bars(run), width="stretch")
 index = st.selectbox("Timeline of step", range(run.num_steps), key="timeline_step")
 st.plotly_chart(charts.step_timeline(run.steps[index]), width="stretch")
+
+capture_panel.section()
 
 experts = expert_rows(runs)
 if experts:

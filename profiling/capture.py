@@ -20,6 +20,7 @@ from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
 from engine.decode import Decoder
 from engine.drafters import DrafterSpec
+from engine.model import TargetModel
 from engine.records import MODES, RunRecord, StepRecord
 from engine.session import ORACLE, golden_for, load_target, make_decoder, warm_up, with_text
 from engine.timers import StepTimer
@@ -151,11 +152,12 @@ def _profiled(build: Callable[[StepTimer], Decoder], cfg: DecodeConfig,
 
 
 def capture_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, drafter: DrafterSpec = ORACLE,
-                 modes: Sequence[str] = ("ddtree",), on_step: Callable[[StepRecord], None] | None = None
-                 ) -> tuple[dict[str, RunRecord], Capture]:
-    """decode_runs under torch.profiler: a warm-up, then AR and each mode on one model, each in its own capture."""
+                 modes: Sequence[str] = ("ddtree",), on_step: Callable[[StepRecord], None] | None = None,
+                 model: TargetModel | None = None) -> tuple[dict[str, RunRecord], Capture]:
+    """decode_runs under torch.profiler: a warm-up, then AR and each mode on one model (`model`, else loaded
+    from ckpt), each in its own capture. `python -m engine run --profile` and the Profile page take it so."""
     modes = [m for m in MODES if m in modes and m != "ar"]
-    model = load_target(ckpt, cfg)
+    model = model or load_target(ckpt, cfg)
     warm_up(ckpt, prompt, cfg, model, drafter, modes)
     ar, ar_capture = _profiled(lambda t: make_decoder(ckpt, prompt, cfg, "ar", timer=t, model=model), cfg, on_step)
     runs, captures = {"ar": ar}, {"ar": ar_capture}

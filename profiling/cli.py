@@ -17,6 +17,7 @@ from engine.records import MODE_LABELS, RunRecord
 from engine.session import decode_runs
 
 from .capture import capture_runs
+from .capture_view import summary_lines
 from .divergence import verdict
 from .metrics import real_divergences, summarize_runs, tau
 from .progress import DecodeProgress
@@ -114,6 +115,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(repeats_table(repeated))
     if ranks is not None:
         print(ranks_table(ranks))
+    if capture is not None:
+        print("\n".join(summary_lines(runs, capture)))
     if args.report is not None:
         try:
             paths = write_all(runs, args.report, force=args.force, capture=capture, ranks=ranks)

@@ -63,7 +63,7 @@ def _token(token: int, piece: Callable[[int], str] | None) -> str:
     return str(token) if piece is None else f"{token} {piece(token)!r}"
 
 
-def _hover(step: StepRecord, node: int, piece: Callable[[int], str] | None) -> str:
+def node_hover(step: StepRecord, node: int, piece: Callable[[int], str] | None) -> str:
     t, p = step.tree, step.probs
     probs = "" if p is None else (f"<br>target p {p.target[node]:.3f}, drafter marginal {p.draft[node]:.3f}"
                                   f"<br>moves on with p {p.move_on[node]:.3f}")
@@ -103,7 +103,7 @@ def tree_figure(step: StepRecord, piece: Callable[[int], str] | None = None) -> 
         fig.add_trace(go.Scatter(
             x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], name=kind,
             mode="markers+text" if labelled else "markers", text=[label(tree.tokens[n]) for n in nodes],
-            textposition="top center", hovertext=[_hover(step, n, piece) for n in nodes], hoverinfo="text",
+            textposition="top center", hovertext=[node_hover(step, n, piece) for n in nodes], hoverinfo="text",
             marker={"color": COLORS[kind], "size": 12 if labelled else 7, "line": {"width": 1, "color": "white"}}))
     fig.add_trace(go.Scatter(x=[bonus_xy[0]], y=[bonus_xy[1]], name="bonus", mode="markers+text",
                              text=[label(step.bonus)], textposition="top center",
@@ -117,23 +117,29 @@ def tree_figure(step: StepRecord, piece: Callable[[int], str] | None = None) -> 
     return fig
 
 
-def mask_figure(step: StepRecord, selected: int | None = None) -> go.Figure:
+def mask_figure(step: StepRecord, selected: int | None = None, nodes: list[int] | None = None) -> go.Figure:
     """The (B+1) x (B+1) visibility mask the step was verified with; cells between accepted nodes stand out.
-    selected: a node whose row (what it attends to) is outlined."""
+    selected: a node whose row (what it attends to) is outlined. nodes: only these rows and columns, in this
+    order and labelled by node id (a large tree's mask over the nodes a view shows)."""
     vis = np.asarray(step.tree.visibility, dtype=bool)  # [N, N]
     on_path = np.zeros(len(vis), dtype=bool)
     on_path[step.path] = True
     z = vis.astype(np.int8) + (vis & on_path[:, None] & on_path[None, :])
+    axis = {} if nodes is None else {"x": [str(n) for n in nodes], "y": [str(n) for n in nodes]}
+    if nodes is not None:
+        z = z[np.ix_(nodes, nodes)]
     fig = go.Figure(go.Heatmap(
-        z=z, zmin=0, zmax=2, showscale=False,
+        z=z, zmin=0, zmax=2, showscale=False, **axis,
         colorscale=[[0, "#f4f4f4"], [0.5, "#6b8fd6"], [1.0, COLORS["accepted"]]],
         hovertemplate="query node %{y}, key node %{x}: %{z}<extra></extra>"))
-    fig.update_layout(title={"text": f"{step.mode} step {step.index}: visibility mask<br><sup>grey hidden · blue "
+    which = "visibility mask" if nodes is None else f"visibility mask of the {len(nodes)} nodes shown"
+    fig.update_layout(title={"text": f"{step.mode} step {step.index}: {which}<br><sup>grey hidden · blue "
                                      "visible · green both nodes accepted</sup>", "y": 0.98}, height=520,
-                      xaxis={"title": "key node", "side": "top"},
-                      yaxis={"title": "query node", "autorange": "reversed"},
+                      xaxis={"title": "key node", "side": "top", "type": "category" if nodes else "-"},
+                      yaxis={"title": "query node", "autorange": "reversed", "type": "category" if nodes else "-"},
                       margin={"l": 40, "r": 20, "t": 110, "b": 20})
-    if selected is not None:
-        fig.add_shape(type="rect", x0=-0.5, x1=len(vis) - 0.5, y0=selected - 0.5, y1=selected + 0.5,
+    if selected is not None and (nodes is None or selected in nodes):
+        row = selected if nodes is None else nodes.index(selected)
+        fig.add_shape(type="rect", x0=-0.5, x1=len(z) - 0.5, y0=row - 0.5, y1=row + 0.5,
                       line={"color": COLORS["bonus"], "width": 2}, name=f"node {selected}")
     return fig

@@ -78,7 +78,7 @@ def test_decode_page_steps_shows_trees_and_matches_ar(tiny_checkpoint):
         assert metric(at, "Steps") == str(num_steps)
         assert any(f"tree of **{budget + 1} nodes**" in v for v in at.markdown.values)
         specs.append(plotly_specs(at))
-        assert len(specs[-1]) == 2  # the tree and the mask
+        assert len(specs[-1]) == 3  # the ladder, the icicle and the mask
     assert specs[0] != specs[1], "the figures follow the newest step"
 
     at.number_input(key="run_n").set_value(2)

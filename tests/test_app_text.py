@@ -46,12 +46,20 @@ def test_the_default_is_the_first_model_with_its_prompt_text_and_drafter(pair):
 def test_tokens_render_as_pieces_with_ids_and_the_text_reads_as_text(pair):
     name, ckpt = pair
     at = start(None)
-    at.sidebar.number_input(key="budget").set_value(16)  # small enough that the nodes carry labels
+    at.sidebar.number_input(key="budget").set_value(random.randint(2, 256))
     press(run(at), "Step")
-    figure = json.loads(at.main.get("plotly_chart")[0].proto.spec)
-    labels = {t for trace in figure["data"] if "text" in trace.get("mode", "") for t in trace["text"]}
+    ladder, icicle = (json.loads(chart.proto.spec)["data"] for chart in at.main.get("plotly_chart")[:2])
     step = at.session_state["decoder"].steps[0]
-    assert {ckpt.tokenizer.piece(t) for t in step.tree.tokens[1:]} <= labels, "tree nodes show their pieces"
+    real = [n for n in range(step.tree.num_nodes) if n == 0 or step.tree.parents[n] >= 0]
+    pieces = [ckpt.tokenizer.piece(step.tree.tokens[n]) for n in real]
+    labels = icicle[0]["labels"]
+    assert all(label == p or (label.endswith("…") and p.startswith(label[:-1]))
+               for label, p in zip(labels, pieces, strict=True)), "every node of the icicle shows its piece"
+    boxes = ladder[-1]
+    for node, text in zip(boxes["customdata"], boxes["text"], strict=True):
+        if node >= 0:
+            shown = html.unescape(re.match(r"<b>(.*?)</b>", text).group(1))
+            assert ckpt.tokenizer.piece(step.tree.tokens[node]).startswith(shown.removesuffix("…"))
     assert any(v.startswith("Step 0: tree of") and f"`{ckpt.tokenizer.piece(step.bonus)}`" in v
                for v in at.markdown.values)
 

@@ -192,3 +192,47 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
         assert summary["num_steps"] > 3
     local = urllib.parse.urlsplit(server).netloc
     assert requested_hosts <= {local, "local"}, f"requests left the machine: {sorted(requested_hosts - {local})}"
+
+
+def figure(page, key: str) -> dict:
+    from playwright.sync_api import expect
+
+    chart = page.locator(f".st-key-{key} .js-plotly-plot")
+    expect(chart).to_have_count(1)
+    return json.loads(chart.evaluate("el => JSON.stringify({data: el.data, layout: el.layout})"))
+
+
+def test_capture_with_the_profiler_then_read_a_1024_node_tree(page, server, requested_hosts):
+    from playwright.sync_api import expect
+
+    open_page(page, "Profile")
+    expect(metric(page, "DDTree tokens/s")).to_have_text(re.compile(r"^\d+\.\d$"))  # the repeats are measured
+    settle(page)
+    page.get_by_role("button", name="Capture with torch.profiler").click()
+    expect(page.get_by_text(re.compile(r"^A CPU capture: no device kernels"))).to_be_visible()
+    expect(page.get_by_text("Captured run", exact=True)).to_be_visible()
+
+    open_page(page, "Decode")
+    budget = page.get_by_role("spinbutton", name="Budget B (tree nodes)")
+    budget.fill("1024")
+    budget.press("Enter")
+    settle(page)
+    page.get_by_role("button", name="Step", exact=True).click()
+    expect(metric(page, "Steps")).to_have_text("1")
+    settle(page)
+    ladder = figure(page, "tree")
+    assert re.search(r"\(\d+ of 1025 nodes shown\)", ladder["layout"]["title"]["text"])
+    labels = ladder["data"][-1]
+    sibling = next(i for i, node in enumerate(labels["customdata"]) if node > 0 and "#" in labels["text"][i]
+                   and i > 1)
+    node = labels["customdata"][sibling]
+    box = page.locator(".st-key-tree .js-plotly-plot .scatterlayer .trace").last.locator(".point").nth(sibling)
+    box.click(force=True)  # a click on a box focuses the ladder on its node
+    expect(page.locator(".st-key-tree .gtitle").filter(has_text=f"focus on node {node} ")).to_be_visible()
+    settle(page)
+    assert f"focus on node {node} " in figure(page, "tree")["layout"]["title"]["text"]
+    mask = figure(page, "mask")
+    assert str(node) in mask["data"][0]["y"], "the mask shows the focus's row"
+    assert "1025 nodes" in figure(page, "tree_overview")["layout"]["title"]["text"]
+    local = urllib.parse.urlsplit(server).netloc
+    assert requested_hosts <= {local, "local"}, f"requests left the machine: {sorted(requested_hosts - {local})}"

@@ -80,11 +80,13 @@ def tree_caption(step: StepRecord, piece: Callable[[int], str] | None = None) ->
             f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{token(step.bonus)}**.")
 
 
-def path_rows(step: StepRecord, piece: Callable[[int], str] | None = None) -> list[dict]:
-    """The accepted path and the siblings of its nodes (the alternatives the walk passed over), depth by depth:
-    what a large tree's figure cannot label. Root first."""
+def path_rows(step: StepRecord, piece: Callable[[int], str] | None = None,
+              spine: list[int] | None = None) -> list[dict]:
+    """A path from the root (the accepted path unless `spine` names another) and the siblings of its nodes (the
+    alternatives the walk passed over), depth by depth, then the children of its last node. Root first."""
     tree = step.tree
-    nodes = [0] + [c for parent in step.path for c in sorted(tree.children(parent), key=lambda c: tree.ranks[c])]
+    nodes = [0] + [c for parent in (spine or step.path) for c in sorted(tree.children(parent),
+                                                                         key=lambda c: tree.ranks[c])]
     return [{"node": n, "token": tree.tokens[n] if piece is None else f"{tree.tokens[n]} {piece(tree.tokens[n])}",
              "depth": tree.depths[n], "rank": tree.ranks[n], "cum. log-prob": tree.scores[n],
              "accepted": n in step.path} for n in nodes]
