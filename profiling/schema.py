@@ -119,7 +119,8 @@ REPORT_SCHEMA = {
         "environment": ENVIRONMENT,
         "config": _object({"model": {"type": "object"}, "decode": {"type": "object"}, "drafter": {"type": "object"},
                            "prompt": _INTS, "modes": {"type": "array", "items": _MODE},
-                           "parallel": {"oneOf": [{"type": "null"}, PARALLEL]}}),
+                           "parallel": {"oneOf": [{"type": "null"}, PARALLEL]}},
+                          required=["model", "decode", "drafter", "prompt", "modes"]),  # parallel: newer reports
         "primary": _SPEC_MODE,
         "summaries": {"type": "object", "propertyNames": _SPEC_MODE, "additionalProperties": SUMMARY,
                       "minProperties": 1},
