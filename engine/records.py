@@ -111,6 +111,9 @@ class RunRecord:
     drafter: dict = field(default_factory=dict)  # name and knobs of the drafter used
     prompt_text: str | None = None  # the prompt and the generated tokens as text (None: no tokenizer)
     text: str | None = None
+    # token id -> (display piece, the bytes it stands for) of every id the run mentions (None: no tokenizer), so a
+    # report read without the model still labels its tokens
+    vocabulary: dict[int, tuple[str, bytes]] | None = None
 
     @property
     def num_committed(self) -> int:
@@ -120,3 +123,10 @@ class RunRecord:
     @property
     def num_steps(self) -> int:
         return len(self.steps)
+
+    def token_ids(self) -> set[int]:
+        """Every token id the run mentions: the prompt, the generated tokens, every step's tree, picks and commits."""
+        ids = {*self.prompt, self.first_token, *self.tokens}
+        for step in self.steps:
+            ids.update(step.tree.tokens, step.target, step.committed, (step.bonus,))
+        return ids
