@@ -3,7 +3,7 @@ import pandas  # noqa: F401 - imported once here: plotly imports it lazily, and 
 import plotly.express  # noqa: F401 - importing it at once on a cold server hit "partially initialized module"
 import streamlit as st
 
-from ui import kernel_status, query, settings, state
+from ui import kernel_status, query, recorded, settings, state
 
 st.set_page_config(page_title="DDTree Studio", layout="wide")
 state.init()
@@ -17,11 +17,13 @@ page = st.navigation([
     st.Page("app_pages/compare.py", title="Compare"),
     st.Page("app_pages/report.py", title="Report"),
 ])
+recorded.sidebar()
 chosen, invalid = settings.sidebar()
 query.save()
 for notice in (query.notice(), state.apply(chosen)):
     if notice:
         st.info(notice)
+recorded.banner()
 if state.settings() is None:
     st.warning(f"Decoding waits for a valid {' and a valid '.join(invalid)}: the sidebar says what is wrong.")
     st.stop()

@@ -3,7 +3,6 @@ import streamlit as st
 
 from engine.records import MODE_LABELS
 from profiling.divergence import NEAR_TIE
-from profiling.metrics import summarize_runs
 from ui import source, state, views
 
 st.title("Compare")
@@ -11,7 +10,7 @@ st.caption("The same prompt and settings decoded with plain AR and with the draf
            "chain). Greedy (T = 0), each must emit exactly the AR tokens whatever the drafter proposes; sampled "
            "(T > 0), the check is seed-matched: AR and the speculative run draw the same noise per position.")
 runs = source.stepped_runs() if source.pick("compare_source") == source.STEPPED else state.runs()
-for mode, summary in summarize_runs(runs).items():
+for mode, summary in state.summaries(runs).items():
     exact, sentence = views.verdict(summary)
     near_tie = not exact and summary["first_divergence"]["kind"] == NEAR_TIE
     if exact:

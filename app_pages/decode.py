@@ -2,11 +2,10 @@
 import streamlit as st
 
 from ui import charts, state, tree_panel, views
-from ui.settings import checkpoint
 
 s = state.settings()
-ckpt = checkpoint(s.model)
-piece = views.piece_of(ckpt)
+tokenizer = state.tokenizer()
+piece = views.piece_of(tokenizer)
 st.title("Decode")
 st.caption(f"{s.model} · prompt of {len(s.prompt)} tokens · {s.drafter.label()} drafter · {s.stepped_mode} · "
            f"B = {s.budget}, block size {s.block_size} · {s.decode_config().sampling} · {s.device} {s.dtype}")
@@ -49,9 +48,9 @@ st.subheader("Committed tokens")
 st.html(views.tokens_html(tokens, piece))
 st.caption("Coloured by the step that committed them (grey: the prefill's token). Hover a token for its id and "
            "step." + ("" if piece is None else " Pieces show a space as ·, a newline as ↵, a tab as →."))
-if ckpt.tokenizer is not None:
+if tokenizer is not None:
     with st.container(key="text"):
-        st.html(views.text_html(ckpt.tokenizer.decode(s.prompt), ckpt.tokenizer.decode(t for t, _ in tokens)))
+        st.html(views.text_html(tokenizer.decode(s.prompt), tokenizer.decode(t for t, _ in tokens)))
 
 if not 0 <= st.session_state.get("inspect_step", -1) < len(steps):
     st.session_state.inspect_step = len(steps) - 1

@@ -4,26 +4,30 @@ import streamlit as st
 from engine.records import MODE_LABELS
 from profiling.charts import acceptance_figure, position_figure
 from profiling.expert_chart import expert_figure, expert_rows
-from profiling.metrics import kernel_table, summarize_runs
-from profiling.repeats import LARGE_SPREAD, range_stats, relative_spread, summarize_repeats
+from profiling.metrics import kernel_table
+from profiling.repeats import LARGE_SPREAD, relative_spread, repeat_stats
 from profiling.sweep import DEFAULT_BUDGETS, parse_budgets, verdict
-from ui import capture_panel, charts, drafter_health, source, state, views
+from ui import capture_panel, charts, drafter_health, recorded, source, state, views
 
 st.title("Profile")
 stepped = source.pick("profile_source") == source.STEPPED
+needs_model = recorded.needs_model()  # None live; with a recording open, why nothing here decodes
 if stepped:
-    repeated = [source.stepped_runs()]
-    runs = repeated[0]
+    runs = source.stepped_runs()
+    statistics = repeat_stats([runs])
 else:
     repeats_col, rerun_col = st.columns([1, 4], vertical_alignment="bottom")
-    count = repeats_col.number_input("Repeats", 1, 50, key="profile_repeats",
+    count = repeats_col.number_input("Repeats", 1, 50, key="profile_repeats", disabled=bool(needs_model),
                                      help="Decodes of AR and each mode after one warm-up; the numbers are medians.")
-    if rerun_col.button("Re-run", help="Decode AR and the speculative runs again and re-measure."):
+    if rerun_col.button("Re-run", disabled=bool(needs_model),
+                        help=needs_model or "Decode AR and the speculative runs again and re-measure."):
         state.forget_runs()
-    repeated = state.repeated(int(count))
+    if needs_model:
+        st.caption(needs_model)
+    statistics = state.statistics(int(count))
     runs = state.runs()  # the median repeat
-summaries = summarize_runs(runs)
-measured = summarize_repeats(repeated)
+summaries = state.summaries(runs)
+measured = statistics.modes
 columns = st.columns(1 + len(summaries))
 columns[0].metric("AR tokens/s", views.number(measured["ar"]["tokens_per_s"]["median"], ".1f"),
                   help=views.spread_text(measured["ar"]["tokens_per_s"]))
@@ -34,7 +38,7 @@ for col, (mode, summary) in zip(columns[1:], summaries.items(), strict=True):
                      f"{views.number(summary['tau'], '.2f')}", delta_color="off",
                help=f"tokens/s {views.spread_text(measured[mode]['tokens_per_s'])}; speedup "
                     f"{views.spread_text(speedup)}")
-st.caption(f"Medians of {len(repeated)} repeat(s) (after one warm-up); the table gives each statistic's spread. "
+st.caption(f"Medians of {statistics.count} repeat(s) (after one warm-up); the table gives each statistic's spread. "
            "TTFT: the prefill's time, which yields the first token; ITL: the time between token deliveries (a step "
            "delivers its committed tokens at once), p50 and p95 within each repeat.")
 for mode, row in measured.items():
@@ -56,13 +60,13 @@ st.subheader("Per-kernel timings")
 labels = {MODE_LABELS[m]: m for m in reversed(runs)}
 chosen = labels[st.radio("Run", list(labels), key="profile_run", horizontal=True)]
 run = runs[chosen]
-spread = range_stats(repeated, chosen)
+spread = statistics.ranges[chosen]
 table = [{"range": "\u2003" * r["depth"] + r["name"].removeprefix("step/"), **{k: r[k] for k in (
     "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "share")},
     "mean_ms median": spread[r["name"]]["median"], "mean_ms p10": spread[r["name"]]["p10"],
     "mean_ms p90": spread[r["name"]]["p90"]} for r in kernel_table(run)]
 st.caption(f"The {MODE_LABELS[chosen]} run {'you stepped' if stepped and chosen != 'ar' else 'of the median repeat'}; "
-           f"the last three columns: its ranges' mean ms over all {len(repeated)} repeats (median, p10, p90).")
+           f"the last three columns: its ranges' mean ms over all {statistics.count} repeats (median, p10, p90).")
 st.dataframe(table, hide_index=True, width="stretch", height="content",
              column_config={**{k: st.column_config.NumberColumn(format="%.3f") for k in (
                  "total_ms", "mean_ms", "p50_ms", "p95_ms", "self_ms", "mean_ms median", "mean_ms p10",
@@ -101,7 +105,7 @@ budgets_col, repeats_col = st.columns([4, 1])
 text = budgets_col.text_input("Budgets", ", ".join(map(str, DEFAULT_BUDGETS)), key="sweep_budgets")
 repeats = repeats_col.number_input("Repeats", 1, 20, 3, key="sweep_repeats",
                                  help="Decodes per budget: the median and its p10-p90 range")
-if st.button("Run sweep"):
+if st.button("Run sweep", disabled=bool(needs_model), help=needs_model):
     try:
         budgets = parse_budgets(text)
     except ValueError as exc:

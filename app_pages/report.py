@@ -2,9 +2,7 @@
 import streamlit as st
 
 from engine.records import MODE_LABELS
-from profiling.metrics import summarize_runs
-from profiling.report import render
-from ui import state, views
+from ui import recorded, state, views
 
 FORMATS = {
     "report.html": ("text/html", "Self-contained report: summary, trees, timings (plotly inlined, opens offline)."),
@@ -15,14 +13,14 @@ FORMATS = {
 }
 
 st.title("Report")
-st.caption("Everything below comes from the runs of the sidebar's settings (the same runs the Profile and "
-           "Compare pages show); `python -m engine run` writes the same files.")
+st.caption("Everything below comes from the recording's runs, its repeat statistics, capture and environment kept "
+           "as recorded." if recorded.current() is not None else "Everything below comes from the runs of the "
+           "sidebar's settings (the same runs the Profile and Compare pages show, with the Profile page's repeat "
+           "statistics); `python -m engine run` writes the same files.")
 runs = state.runs()
-if st.session_state.reports is None:  # rendered once per set of runs
-    with st.spinner("Rendering the reports..."):
-        st.session_state.reports = {name: render(runs, name) for name in FORMATS}
-files = st.session_state.reports
-for summary in summarize_runs(runs).values():
+with st.spinner("Rendering the reports..."):
+    files = state.reports(list(FORMATS))  # rendered once per set of runs
+for summary in state.summaries(runs).values():
     exact, sentence = views.verdict(summary)
     warning = views.divergence_warning(summary)
     if warning:

@@ -112,6 +112,9 @@ class RunRecord:
     prompt_text: str | None = None  # the prompt and the generated tokens as text (None: no tokenizer)
     text: str | None = None
     parallel: dict | None = None  # the tensor/expert-parallel layout it ran on (Shard.layout; None: one process)
+    # token id -> (display piece, the bytes it stands for) of every id the run mentions (None: no tokenizer), so a
+    # report read without the model still labels its tokens
+    vocabulary: dict[int, tuple[str, bytes]] | None = None
 
     @property
     def num_committed(self) -> int:
@@ -121,3 +124,10 @@ class RunRecord:
     @property
     def num_steps(self) -> int:
         return len(self.steps)
+
+    def token_ids(self) -> set[int]:
+        """Every token id the run mentions: the prompt, the generated tokens, every step's tree, picks and commits."""
+        ids = {*self.prompt, self.first_token, *self.tokens}
+        for step in self.steps:
+            ids.update(step.tree.tokens, step.target, step.committed, (step.bonus,))
+        return ids

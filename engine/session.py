@@ -86,13 +86,15 @@ def decode(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str
 
 
 def with_text(run: RunRecord, ckpt: Checkpoint) -> RunRecord:
-    """The run's prompt, generated tokens and each step's committed tokens as text, where the model has a
-    tokenizer."""
-    if ckpt.tokenizer is not None:
-        run.prompt_text = ckpt.tokenizer.decode(run.prompt)
-        run.text = ckpt.tokenizer.decode(run.tokens)
+    """The run's prompt, generated tokens and each step's committed tokens as text, and the pieces of every token it
+    mentions (RunRecord.vocabulary), where the model has a tokenizer."""
+    tokenizer = ckpt.tokenizer
+    if tokenizer is not None:
+        run.prompt_text = tokenizer.decode(run.prompt)
+        run.text = tokenizer.decode(run.tokens)
         for step in run.steps:
-            step.committed_text = ckpt.tokenizer.decode(step.committed)
+            step.committed_text = tokenizer.decode(step.committed)
+        run.vocabulary = {t: (tokenizer.piece(t), tokenizer.token_bytes(t)) for t in sorted(run.token_ids())}
     return run
 
 

@@ -22,7 +22,7 @@ from .divergence import verdict
 from .metrics import real_divergences, summarize_runs, tau
 from .progress import DecodeProgress
 from .ranks import ranks_table
-from .repeats import median_repeat, repeat_runs, summarize_repeats
+from .repeats import median_repeat, repeat_runs, repeat_stats, summarize_repeats
 from .report import check_out_dir, write_all
 
 
@@ -119,7 +119,8 @@ def run_command(args: argparse.Namespace) -> int:
         print("\n".join(summary_lines(runs, capture)))
     if args.report is not None:
         try:
-            paths = write_all(runs, args.report, force=args.force, capture=capture, ranks=ranks)
+            paths = write_all(runs, args.report, force=args.force, capture=capture, ranks=ranks,
+                              repeats=repeat_stats(repeated) if repeated is not None else None)
         except (ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -140,5 +141,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="overwrite existing reports in DIR")
     p.add_argument("--repeats", type=int, default=1, metavar="R",
                    help="decode R times after one warm-up and print medians with their spread (profiling/repeats.py); "
-                        "the summary and the reports are the median repeat's")
+                        "the summary and the reports' runs are the median repeat's, and the reports carry the "
+                        "statistics of all R")
     p.set_defaults(func=run_command)

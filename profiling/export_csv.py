@@ -10,15 +10,16 @@ import io
 from engine.decode import STAGES
 from engine.records import RunRecord, StepRecord
 
-from .capture_data import Capture
-from .metrics import STEP, kernel_table, stage_ns
+from .metrics import STEP, stage_ns
+from .repeats import RANGE_COLUMNS, kernel_rows
+from .report_data import ReportData
 
 STEP_COLUMNS = ("mode", "step", "prefix_len", "num_nodes", "num_drafted", "num_accepted", "expected_accepted",
                 "draft_expected", "num_committed", "committed", "committed_text", "bonus", "experts_touched",
                 "expert_bytes", "wall_ms", "step_ms",
                 *(f"{s}_ms" for s in STAGES), "other_ms")
 KERNEL_COLUMNS = ("mode", "name", "parent", "depth", "leaf", "count", "total_ms", "mean_ms", "p50_ms", "p95_ms",
-                  "self_ms", "share", "profiler_cpu_ms", "device_ms")
+                  "self_ms", "share", "profiler_cpu_ms", "device_ms", *RANGE_COLUMNS)
 
 
 def _table(columns: tuple[str, ...], rows: list[dict]) -> bytes:
@@ -53,5 +54,5 @@ def render_steps(runs: dict[str, RunRecord]) -> bytes:
     return _table(STEP_COLUMNS, [step_row(s) for run in runs.values() for s in run.steps])
 
 
-def render_kernels(runs: dict[str, RunRecord], capture: Capture | None = None) -> bytes:
-    return _table(KERNEL_COLUMNS, [row for run in runs.values() for row in kernel_table(run, capture)])
+def render_kernels(data: ReportData) -> bytes:
+    return _table(KERNEL_COLUMNS, kernel_rows(data.runs, data.repeats, data.capture))

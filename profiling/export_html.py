@@ -11,7 +11,8 @@ from .charts import acceptance_figure, figure_div, position_figure, stage_figure
 from .divergence import verdict
 from .environment import environment
 from .figures import tree_figure
-from .metrics import kernel_table, primary_mode, summarize_runs
+from .metrics import kernel_table, primary_mode
+from .report_data import ReportData
 
 MAX_TREES = 4
 DIFF = ' class="diff"'
@@ -152,11 +153,11 @@ def ops_section(capture: Capture) -> str:
             "overhead.</p>" + "".join(parts))
 
 
-def render(runs: dict[str, RunRecord], capture: Capture | None = None) -> bytes:
-    summaries = summarize_runs(runs)
+def render(data: ReportData) -> bytes:
+    runs, capture, summaries = data.runs, data.capture, data.summaries
     primary = primary_mode(runs)
     spec = runs[primary]
-    env = environment(str(spec.decode["device"]))
+    env = data.environment or environment(str(spec.decode["device"]))
     rows = [row for run in runs.values() for row in kernel_table(run, capture)]
     figures = [stage_figure(rows), *(timeline_figure(run) for run in runs.values())]
     for summary in summaries.values():

@@ -1,4 +1,5 @@
-"""report.json: every StepRecord of both runs, the summary, the kernel table and the environment.
+"""report.json: every StepRecord of every run, the summaries, the kernel table, the repeat statistics, the
+pieces of the tokens it mentions and the environment: enough for profiling/report_reader.py to rebuild the runs.
 
 Strict JSON (no NaN or Infinity): a padding node's -inf score is written as null. The schema is
 profiling/schema.py (REPORT_SCHEMA, version SCHEMA_VERSION).
@@ -12,9 +13,10 @@ import numpy as np
 
 from engine.records import RunRecord, StepRecord
 
-from .capture_data import Capture
 from .environment import environment
-from .metrics import kernel_table, primary_mode, summarize_runs
+from .metrics import primary_mode
+from .repeats import STATISTICS, RepeatStats, kernel_rows
+from .report_data import ReportData
 from .schema import SCHEMA_VERSION
 
 
@@ -50,22 +52,37 @@ def run_dict(run: RunRecord) -> dict:
             "num_steps": run.num_steps, "tokens": list(run.tokens), "prompt_text": run.prompt_text, "text": run.text}
 
 
-def build_report(runs: dict[str, RunRecord], capture: Capture | None = None) -> dict:
-    summaries = summarize_runs(runs)  # checks that the runs belong together
+def repeats_dict(repeats: RepeatStats) -> dict:
+    return {"count": repeats.count,
+            "modes": {mode: {k: row[k] for k in STATISTICS} for mode, row in repeats.modes.items()}}
+
+
+def vocabulary_dict(runs: dict[str, RunRecord]) -> dict | None:
+    """Every run's RunRecord.vocabulary in one table, ids as decimal keys and bytes as hex (None: no tokenizer)."""
+    merged = {t: entry for run in runs.values() for t, entry in (run.vocabulary or {}).items()}
+    if all(run.vocabulary is None for run in runs.values()):
+        return None
+    return {str(t): {"piece": piece, "bytes": data.hex()} for t, (piece, data) in sorted(merged.items())}
+
+
+def build_report(data: ReportData) -> dict:
+    runs, capture = data.runs, data.capture
     primary = runs[primary_mode(runs)]
     return {
         "schema_version": SCHEMA_VERSION,
-        "environment": environment(str(primary.decode["device"])),
+        "environment": data.environment or environment(str(primary.decode["device"])),
         "config": {"model": primary.model, "decode": primary.decode, "drafter": primary.drafter,
                    "prompt": list(primary.prompt), "modes": list(runs), "parallel": primary.parallel},
         "primary": primary.mode,
-        "summaries": summaries,
+        "summaries": data.summaries,
         "runs": {mode: run_dict(run) for mode, run in runs.items()},
         "steps": [step_dict(s) for run in runs.values() for s in run.steps],
-        "kernels": [row for run in runs.values() for row in kernel_table(run, capture)],
+        "kernels": kernel_rows(runs, data.repeats, capture),
         "capture": capture.to_dict() if capture is not None else None,
+        "repeats": repeats_dict(data.repeats),
+        "vocabulary": vocabulary_dict(runs),
     }
 
 
-def render(runs: dict[str, RunRecord], capture: Capture | None = None) -> bytes:
-    return json.dumps(build_report(runs, capture), indent=1, allow_nan=False).encode()
+def render(data: ReportData) -> bytes:
+    return json.dumps(build_report(data), indent=1, allow_nan=False).encode()

@@ -70,6 +70,15 @@ def top2_gap(logits: np.ndarray) -> float:
     return float(top[1] - top[0])
 
 
+def top2_gaps(run: RunRecord) -> list[float | None]:
+    """Per generated token, top-1 minus top-2 of the logits that picked it: from RunRecord.logits, or without them
+    (a run read from a report) from each step's logit_gap at its path's nodes, the prefill's token unknown (None)."""
+    if run.logits is not None:
+        return [top2_gap(row) for row in run.logits]
+    gaps = [None] + [step.logit_gap[node] for step in run.steps for node in step.path]
+    return gaps[:len(run.tokens)]
+
+
 def committing_step(run: RunRecord, position: int) -> int | None:
     """Index of the step that committed generated token `position` (None: the prefill's token)."""
     start = 1

@@ -8,10 +8,14 @@ once, so each step is one gap (AR: one token per step), as vLLM's and SGLang's b
 Each statistic is {median, p10, p90, min, max, n}. The spread is *large* when (p90 - p10) / median exceeds
 LARGE_SPREAD for tokens/s or speedup: then the numbers move more than a typical speedup difference, and more
 repeats (or a quieter machine) are needed before reading them.
+
+RepeatStats is what the reports carry of the repeats (report.json's `repeats`, kernels.csv's mean_ms_* columns):
+a report holds the runs of one repeat, so the spread over all of them travels beside it.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,10 +26,14 @@ from engine.model import TargetModel
 from engine.records import RunRecord
 from engine.session import ORACLE, decode_runs
 
+from .capture_data import Capture
 from .metrics import kernel_table, run_time_ns, tokens_per_s
 
 LARGE_SPREAD = 0.2  # (p90 - p10) / median above this is a large spread
 HEADLINE = ("tokens_per_s", "speedup")  # the statistics the large-spread warning looks at
+STATISTICS = ("tokens_per_s", "speedup", "time_ms", "ttft_ms", "itl_p50_ms", "itl_p95_ms")  # per mode
+STAT_FIELDS = ("median", "p10", "p90", "min", "max", "n")  # what stats() gives
+RANGE_COLUMNS = tuple(f"mean_ms_{k}" for k in STAT_FIELDS)  # a kernel row's spread of mean_ms over the repeats
 
 
 def stats(values: Sequence[float]) -> dict:
@@ -77,9 +85,14 @@ def summarize_repeats(repeated: list[dict[str, RunRecord]]) -> dict[str, dict]:
             "itl_p50_ms": stats([float(np.percentile(x, 50)) if x else None for x in itl]),
             "itl_p95_ms": stats([float(np.percentile(x, 95)) if x else None for x in itl]),
         }
-        row["large_spread"] = [k for k in HEADLINE if (relative_spread(row[k]) or 0.0) > LARGE_SPREAD]
+        row["large_spread"] = large_spread(row)
         out[mode] = row
     return out
+
+
+def large_spread(row: dict) -> list[str]:
+    """The headline statistics of one mode's row that spread more than LARGE_SPREAD."""
+    return [k for k in HEADLINE if (relative_spread(row[k]) or 0.0) > LARGE_SPREAD]
 
 
 def _ratio(x: float | None, y: float | None) -> float | None:
@@ -99,3 +112,33 @@ def median_repeat(repeated: list[dict[str, RunRecord]], mode: str) -> dict[str, 
     """The repeat whose `mode` run took the median time: a real run to show beside the statistics."""
     order = sorted(range(len(repeated)), key=lambda i: run_time_ns(repeated[i][mode]))
     return repeated[order[len(order) // 2]]
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatStats:
+    """The statistics of R repeats, as the reports carry them beside the runs of one repeat."""
+
+    count: int  # R: measured repeats (the warm-up not counted)
+    modes: dict[str, dict]  # summarize_repeats(): per mode, each of STATISTICS as stats(), and large_spread
+    ranges: dict[str, dict[str, dict]]  # per mode, per range name: stats() of its mean ms per call (range_stats)
+
+
+def repeat_stats(repeated: list[dict[str, RunRecord]]) -> RepeatStats:
+    """What the reports say about `repeated` (one repeat: every statistic's n is 1)."""
+    if not repeated:
+        raise ValueError("repeat statistics need at least one repeat")
+    return RepeatStats(len(repeated), summarize_repeats(repeated),
+                       {mode: range_stats(repeated, mode) for mode in repeated[0]})
+
+
+def kernel_rows(runs: dict[str, RunRecord], repeats: RepeatStats, capture: Capture | None = None) -> list[dict]:
+    """kernels.csv's rows (report.json's `kernels`): metrics.kernel_table of every run, then each range's spread of
+    mean_ms over the repeats (RANGE_COLUMNS; None for a range no repeat's statistics hold)."""
+    if list(repeats.modes) != list(runs):
+        raise ValueError(f"the repeat statistics cover modes {list(repeats.modes)}, the runs {list(runs)}")
+    rows = []
+    for mode, run in runs.items():
+        for row in kernel_table(run, capture):
+            spread = repeats.ranges[mode].get(row["name"], {})
+            rows.append(row | {col: spread.get(k) for col, k in zip(RANGE_COLUMNS, STAT_FIELDS, strict=True)})
+    return rows

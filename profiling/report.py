@@ -20,6 +20,8 @@ from engine.records import RunRecord
 
 from . import export_csv, export_json, export_trace
 from .capture_data import Capture
+from .repeats import RepeatStats
+from .report_data import ReportData, report_data
 
 
 class ReportError(ValueError):
@@ -38,21 +40,26 @@ def html_exporter() -> ModuleType:
 
 
 Runs = dict[str, RunRecord]  # AR first, then the speculative runs (decode_runs)
-Renderer = Callable[[Runs, Capture | None], bytes]
-FORMATS: dict[str, Renderer] = {
-    "report.html": lambda runs, capture: html_exporter().render(runs, capture),
+FORMATS: dict[str, Callable[[ReportData], bytes]] = {
+    "report.html": lambda data: html_exporter().render(data),
     "report.json": export_json.render,
     "kernels.csv": export_csv.render_kernels,
-    "steps.csv": lambda runs, capture: export_csv.render_steps(runs),
-    "trace.json": export_trace.render,
+    "steps.csv": lambda data: export_csv.render_steps(data.runs),
+    "trace.json": lambda data: export_trace.render(data.runs, data.capture),
 }
 
 
-def render(runs: Runs, fmt: str, capture: Capture | None = None) -> bytes:
-    """One export as bytes; fmt is its file name (one of FORMATS)."""
+def render(runs: Runs, fmt: str, capture: Capture | None = None, repeats: RepeatStats | None = None) -> bytes:
+    """One export of live runs as bytes; fmt is its file name (one of FORMATS). repeats: the statistics of the
+    repeats `runs` is one of (None: the runs alone, n = 1)."""
+    return render_data(report_data(runs, capture, repeats), fmt)
+
+
+def render_data(data: ReportData, fmt: str) -> bytes:
+    """One export as bytes, of any ReportData (a recording's: profiling.report_reader.Recording.report_data())."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}: expected one of {sorted(FORMATS)}")
-    return FORMATS[fmt](runs, capture)
+    return FORMATS[fmt](data)
 
 
 def check_out_dir(out_dir: pathlib.Path, force: bool) -> None:
@@ -142,13 +149,15 @@ def _replace_all(out: pathlib.Path, blobs: dict[str, bytes]) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def write_all(runs: Runs, out_dir: str | os.PathLike, force: bool = False,
-              capture: Capture | None = None, ranks: list[Runs] | None = None) -> list[pathlib.Path]:
-    """Write all five exports into out_dir (created if missing), all or none; returns their paths. ranks: every
-    rank's runs of a parallel run (profiling/ranks.py), which trace.json shows one process per rank and run."""
+def write_all(runs: Runs, out_dir: str | os.PathLike, force: bool = False, capture: Capture | None = None,
+              repeats: RepeatStats | None = None, ranks: list[Runs] | None = None) -> list[pathlib.Path]:
+    """Write all five exports into out_dir (created if missing), all or none; returns their paths. repeats: as
+    for render. ranks: every rank's runs of a parallel run (profiling/ranks.py), which trace.json shows one
+    process per rank and run."""
     out = pathlib.Path(out_dir)
     check_out_dir(out, force)
-    blobs = {name: render(runs, name, capture) for name in FORMATS}
+    data = report_data(runs, capture, repeats)
+    blobs = {name: render_data(data, name) for name in FORMATS}
     if ranks is not None:
         blobs["trace.json"] = export_trace.render(runs, capture, ranks)
     created = not out.exists()

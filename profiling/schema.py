@@ -1,7 +1,13 @@
-"""JSON Schema (draft 2020-12) of report.json. Bump SCHEMA_VERSION on any change a reader would notice."""
+"""JSON Schema (draft 2020-12) of report.json. Bump SCHEMA_VERSION on any change a reader would notice.
+
+Fields added within a version are optional, so every earlier report of that version stays valid; the writer
+always writes them, and the reader (profiling/report_reader.py) says what it does where they are missing.
+"""
 from __future__ import annotations
 
 from engine.records import MODES
+
+from .repeats import RANGE_COLUMNS, STAT_FIELDS, STATISTICS
 
 SCHEMA_VERSION = 2  # 2: any set of runs (AR, chain, DDTree), a summary per speculative run
 
@@ -50,11 +56,28 @@ STEP_EXPERTS = {"oneOf": [{"type": "null"}, _object({
 # experts came later: optional, so earlier reports stay valid.
 STEP = _object({**_STEP_FIELDS, "experts": STEP_EXPERTS}, list(_STEP_FIELDS))
 
-KERNEL_ROW = _object({
+_COUNT = {"type": "integer", "minimum": 0}
+# profiling.repeats.stats(): every field null (n 0) where no repeat had the value
+STATS = _object({**{k: _OPT_NUM for k in STAT_FIELDS if k != "n"}, "n": _COUNT})
+_KERNEL_FIELDS = {
     "mode": _MODE, "name": {"type": "string"}, "parent": {"type": ["string", "null"]}, "depth": _INT,
     "leaf": {"type": "boolean"}, "count": _INT, "total_ms": _NUM, "mean_ms": _NUM, "p50_ms": _NUM, "p95_ms": _NUM,
     "self_ms": _NUM, "share": _OPT_NUM, "profiler_cpu_ms": _OPT_NUM, "device_ms": _OPT_NUM,
+}
+# The spread of mean_ms over the repeats came later: optional, so earlier reports stay valid.
+KERNEL_ROW = _object({**_KERNEL_FIELDS, **{c: _COUNT if c.endswith("_n") else _OPT_NUM for c in RANGE_COLUMNS}},
+                     list(_KERNEL_FIELDS))
+REPEATS = _object({
+    "count": {"type": "integer", "minimum": 1, "description": "R: the measured repeats (after one warm-up)"},
+    "modes": {"type": "object", "propertyNames": _MODE, "additionalProperties": _object({k: STATS for k in STATISTICS}),
+              "description": "per mode, each statistic over the R repeats (profiling/repeats.py)"},
 })
+VOCABULARY = {"oneOf": [{"type": "null"}, {
+    "type": "object", "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"},
+    "additionalProperties": _object({"piece": {"type": "string"},
+                                     "bytes": {"type": "string", "pattern": "^([0-9a-f]{2})*$"}})}],
+    "description": "token id -> its display piece and the bytes it stands for (hex), for every id the report "
+                   "mentions; null: the model has no tokenizer"}
 
 DIVERGENCE = _object({
     "position": _INT, "ar_token": _OPT_INT, "token": _OPT_INT, "logit_gap": _OPT_NUM,
@@ -110,23 +133,25 @@ CAPTURE = _object({"activities": {"type": "array", "items": {"enum": ["cpu", "cu
 
 PARALLEL = _object({"world_size": _INT, "backend": {"type": "string"}, "heads_per_rank": _INT,
                     "experts_per_rank": _INT})  # engine.parallel.Shard.layout: the run's tensor/expert layout
-
+_REPORT_FIELDS = {
+    "schema_version": {"const": SCHEMA_VERSION},
+    "environment": ENVIRONMENT,
+    "config": _object({"model": {"type": "object"}, "decode": {"type": "object"},
+                       "drafter": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+                       "prompt": _INTS, "modes": {"type": "array", "items": _MODE},
+                       "parallel": {"oneOf": [{"type": "null"}, PARALLEL]}},
+                      ["model", "decode", "drafter", "prompt", "modes"]),  # parallel came later: optional
+    "primary": _SPEC_MODE,
+    "summaries": {"type": "object", "propertyNames": _SPEC_MODE, "additionalProperties": SUMMARY,
+                  "minProperties": 1},
+    "runs": {"type": "object", "propertyNames": _MODE, "additionalProperties": RUN, "required": ["ar"]},
+    "steps": {"type": "array", "items": STEP},
+    "kernels": {"type": "array", "items": KERNEL_ROW},
+    "capture": {"oneOf": [{"type": "null"}, CAPTURE]},
+}
 REPORT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "DDTree Studio report",
-    **_object({
-        "schema_version": {"const": SCHEMA_VERSION},
-        "environment": ENVIRONMENT,
-        "config": _object({"model": {"type": "object"}, "decode": {"type": "object"}, "drafter": {"type": "object"},
-                           "prompt": _INTS, "modes": {"type": "array", "items": _MODE},
-                           "parallel": {"oneOf": [{"type": "null"}, PARALLEL]}},
-                          required=["model", "decode", "drafter", "prompt", "modes"]),  # parallel: newer reports
-        "primary": _SPEC_MODE,
-        "summaries": {"type": "object", "propertyNames": _SPEC_MODE, "additionalProperties": SUMMARY,
-                      "minProperties": 1},
-        "runs": {"type": "object", "propertyNames": _MODE, "additionalProperties": RUN, "required": ["ar"]},
-        "steps": {"type": "array", "items": STEP},
-        "kernels": {"type": "array", "items": KERNEL_ROW},
-        "capture": {"oneOf": [{"type": "null"}, CAPTURE]},
-    }),
+    # repeats and vocabulary came later: optional, so earlier reports stay valid.
+    **_object({**_REPORT_FIELDS, "repeats": REPEATS, "vocabulary": VOCABULARY}, list(_REPORT_FIELDS)),
 }

@@ -20,6 +20,7 @@ from engine.drafters import REGISTRY
 from engine.kdtr import read_kdtr
 from engine.session import decode
 from profiling.metrics import tokens_per_s
+from profiling.repeats import repeat_stats
 from profiling.sweep import DEFAULT_BUDGETS, verdict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -182,19 +183,19 @@ def test_corrupt_upload_shows_the_loaders_error_and_the_app_keeps_working():
             path.write_bytes(data)
             with pytest.raises(ValueError) as loader_error:
                 read_kdtr(path)
-        at.sidebar.file_uploader[0].upload(name, data)
+        at.sidebar.file_uploader(key="upload").upload(name, data)
         run(at)
         error = at.sidebar.error[0].value
         assert error.startswith(f"{name} was not loaded: ") and "Still using model_tiny.kdtr" in error
         assert str(loader_error.value).replace(str(path), name) in error
         assert at.sidebar.selectbox(key="model").value == "model_tiny.kdtr"
         assert metric(at, "Steps") == "1", "the decode in progress is kept"
-        at.sidebar.file_uploader[0].clear()
+        at.sidebar.file_uploader(key="upload").clear()
         run(at)
     press(at, "Step")
     assert metric(at, "Steps") == "2"
 
-    at.sidebar.file_uploader[0].upload("copy.kdtr", good)
+    at.sidebar.file_uploader(key="upload").upload("copy.kdtr", good)
     run(at)
     assert not at.sidebar.error
     model = at.sidebar.selectbox(key="model")
@@ -303,6 +304,15 @@ def test_report_page_offers_the_five_files():
         button.click()
         run(at)
         assert at.session_state["reports"] is files, "downloading does not re-render"
+    assert json.loads(files["report.json"])["repeats"]["count"] == 1, "one decode: one repeat"
+
+    at.session_state["profile_repeats"] = 2  # the Profile page measures two repeats; the Report page exports them
+    run(run(at.switch_page("app_pages/profile.py")).switch_page("app_pages/report.py"))
+    doc = json.loads(at.session_state["reports"]["report.json"])
+    live = repeat_stats(at.session_state["repeats"])
+    assert doc["repeats"]["count"] == 2, "the Profile page's repeats"
+    assert doc["runs"]["ddtree"]["wall_ns"] == at.session_state["runs"]["ddtree"].wall_ns, "their median repeat"
+    assert doc["repeats"]["modes"]["ddtree"]["tokens_per_s"] == live.modes["ddtree"]["tokens_per_s"]
 
 
 def test_a_path_loads_a_hugging_face_directory_and_a_bad_path_keeps_the_model(tiny_checkpoint, tmp_path):

@@ -190,6 +190,24 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
         assert summary["num_steps"] == 3
     else:
         assert summary["num_steps"] > 3
+
+    # the downloaded report opens as a recording: labelled on every page, its steps replayed without the model
+    path_box = page.get_by_role("textbox", name="Or a report path")
+    path_box.fill(str(download.value.path()))
+    path_box.press("Enter")
+    recording = page.get_by_text("not a live decode")
+    expect(recording).to_be_visible()
+    open_page(page, "Decode")
+    expect(recording).to_be_visible()
+    expect(metric(page, "Steps")).to_have_text("0")
+    page.get_by_role("button", name="Step", exact=True).click()
+    expect(metric(page, "Steps")).to_have_text("1")
+    expect(page.get_by_text(re.compile(r"^Step 0: tree of \d+ nodes"))).to_be_visible()
+    open_page(page, "Profile")
+    expect(recording).to_be_visible()
+    expect(page.get_by_role("button", name="Re-run")).to_be_disabled()
+    page.get_by_role("button", name="Close the recording").click()
+    expect(recording).to_have_count(0)
     local = urllib.parse.urlsplit(server).netloc
     assert requested_hosts <= {local, "local"}, f"requests left the machine: {sorted(requested_hosts - {local})}"
 

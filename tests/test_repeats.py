@@ -1,14 +1,20 @@
-"""profiling.repeats: statistics against numpy, the spread rule, and repeated decodes of the tiny fixture."""
+"""profiling.repeats: statistics against numpy, the spread rule, repeated decodes of the tiny fixture, and the
+statistics the reports carry."""
 from __future__ import annotations
 
+import csv
+import io
+import json
 import random
 
+import jsonschema
 import numpy as np
 import pytest
 
 from engine.__main__ import main
 from engine.config import DecodeConfig
 from engine.session import decode
+from profiling import report
 from profiling.metrics import run_time_ns, tokens_per_s
 from profiling.repeats import (
     LARGE_SPREAD,
@@ -17,9 +23,11 @@ from profiling.repeats import (
     range_stats,
     relative_spread,
     repeat_runs,
+    repeat_stats,
     stats,
     summarize_repeats,
 )
+from profiling.schema import REPORT_SCHEMA
 
 
 def test_stats_match_numpy_and_drop_missing_values():
@@ -73,3 +81,36 @@ def test_run_repeats_prints_the_statistics_and_rejects_bad_counts(capsys):
                                                                               "captures one run")):
         assert main(["run", "--fixture", fixture, *bad]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_the_reports_carry_the_statistics_of_every_repeat(tiny_checkpoint, tmp_path):
+    prompt = tiny_checkpoint.prompt.tolist()
+    repeated = repeat_runs(tiny_checkpoint, prompt, DecodeConfig(budget=random.randint(2, 12)), 3)
+    runs = median_repeat(repeated, "ddtree")
+    report.write_all(runs, tmp_path, repeats=repeat_stats(repeated))
+    doc = json.loads((tmp_path / "report.json").read_bytes())
+    jsonschema.validate(doc, REPORT_SCHEMA)
+    assert doc["repeats"]["count"] == 3 and set(doc["repeats"]["modes"]) == {"ar", "ddtree"}
+    speeds = [tokens_per_s(r["ddtree"]) for r in repeated]
+    dd = doc["repeats"]["modes"]["ddtree"]
+    assert dd["tokens_per_s"]["p10"] == pytest.approx(np.percentile(speeds, 10)) and dd["tokens_per_s"]["n"] == 3
+    assert dd["speedup"]["max"] == pytest.approx(max(tokens_per_s(r["ddtree"]) / tokens_per_s(r["ar"])
+                                                     for r in repeated))
+    assert doc["summaries"]["ddtree"]["time_ms"] == pytest.approx(dd["time_ms"]["median"]), "the median repeat"
+    verify = [np.mean([s.timings_ns["step/verify"] for s in r["ddtree"].steps]) / 1e6 for r in repeated]
+    rows = {(r["mode"], r["name"]): r for r in csv.DictReader(io.StringIO((tmp_path / "kernels.csv").read_text()))}
+    row = rows[("ddtree", "step/verify")]
+    assert float(row["mean_ms_p90"]) == pytest.approx(np.percentile(verify, 90)) and row["mean_ms_n"] == "3"
+    assert float(row["mean_ms_min"]) <= float(row["mean_ms"]) <= float(row["mean_ms_max"])
+    for obj in doc["kernels"]:
+        assert float(rows[(obj["mode"], obj["name"])]["mean_ms_median"]) == pytest.approx(obj["mean_ms_median"])
+
+
+def test_run_repeats_writes_its_statistics_into_the_reports(tmp_path, capsys):
+    assert main(["run", "--fixture", "tests/refs/model_tiny.kdtr", "--repeats", "2", "--budget", "6",
+                 "--report", str(tmp_path)]) == 0
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "report.json").read_bytes())
+    assert doc["repeats"]["count"] == 2
+    assert all(s["n"] == 2 for row in doc["repeats"]["modes"].values() for s in row.values())
+    assert all(r["mean_ms_n"] == 2 for r in doc["kernels"] if r["count"] > 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.dflash.health import OK, check_drafter
-from ui import resources
+from ui import recorded, resources
 from ui.settings import Settings, checkpoint
 from ui.state import show_error
 
@@ -19,7 +19,8 @@ def panel(s: Settings) -> None:
                "ids shifted by -1 and +1, the mask token's embedding row, the RoPE the drafter uses, the block size "
                "and the target's depth. CLI: `python -m engine drafter-check`.")
     ss = st.session_state
-    if st.button("Check the drafter"):
+    needs_model = recorded.needs_model()
+    if st.button("Check the drafter", disabled=bool(needs_model), help=needs_model):
         with st.spinner("Decoding the prompt with the drafter and its variants..."):
             try:
                 model = resources.target_model(s.model_id, checkpoint(s.model), s.device, s.dtype)

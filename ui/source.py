@@ -1,19 +1,25 @@
 """Which decode the Profile and Compare pages measure: a fresh measured run (decode_runs) or the decode stepped
-through on the Decode page, its own records (timings and tokens) beside the fresh AR run."""
+through on the Decode page, its own records (timings and tokens) beside the fresh AR run; while a recording is
+open (ui/recorded.py), its runs alone."""
 from __future__ import annotations
 
 import streamlit as st
 
 from engine.records import MODE_LABELS, RunRecord
 from engine.session import with_text
-from ui import state
+from ui import recorded, state
 from ui.settings import checkpoint
 
-FRESH, STEPPED = "a fresh measured run", "the decode you stepped"
+FRESH, STEPPED, RECORDED = "a fresh measured run", "the decode you stepped", "the recording"
 
 
 def pick(key: str) -> str:
-    """The source radio; the stepped decode is offered once it has run to the end."""
+    """The source radio; the stepped decode is offered once it has run to the end. A recording is the only source
+    while it is open."""
+    opened = recorded.current()
+    if opened is not None:
+        st.caption(f"Source: the recording {opened.recording.name}, its own runs, timings and statistics.")
+        return RECORDED
     options = [FRESH, STEPPED] if state.done() else [FRESH]
     source = st.radio("Source", options, key=key, horizontal=True,
                       help="The decode you stepped is offered once it is done (Decode page: Run to end).")

@@ -10,6 +10,8 @@ Each browser tab has its own session_state, so two tabs never share a decoder. K
   sweep     the budget sweep's rows (None until run)
   uploads   uploaded or path-loaded checkpoints that loaded, by display name
   model_ids their identities (ui.settings.model_id), by display name
+  recording a report.json opened in place of all this (ui/recorded.py); while it is open, settings(), the decoder
+            calls, runs(), statistics(), summaries() and reports() answer from it, and the keys above stay as they were
 """
 from __future__ import annotations
 
@@ -26,9 +28,10 @@ from engine.session import decode_runs, make_decoder
 from engine.timers import StepTimer
 from kernels import ExtensionBuildError
 from profiling import metrics
-from profiling.repeats import median_repeat, repeat_runs
+from profiling.repeats import RepeatStats, median_repeat, repeat_runs, repeat_stats
+from profiling.report import render, render_data
 from profiling.sweep import budget_sweep
-from ui import resources
+from ui import recorded, resources
 from ui.settings import Settings, checkpoint
 
 
@@ -43,10 +46,21 @@ def init() -> None:
     ss.setdefault("uploads", {})
     ss.setdefault("model_ids", {})
     ss.setdefault("upload_error", None)
+    recorded.init()
 
 
 def settings() -> Settings | None:
-    return st.session_state.settings
+    """The settings every page shows: the open recording's, else the sidebar's."""
+    opened = recorded.current()
+    return opened.settings if opened is not None else st.session_state.settings
+
+
+def tokenizer():
+    """What turns the shown tokens into text: the model's tokenizer, a recording's vocabulary (None: neither)."""
+    opened = recorded.current()
+    if opened is not None:
+        return opened.recording.vocabulary
+    return checkpoint(st.session_state.settings.model).tokenizer
 
 
 def apply(new: Settings | None) -> str | None:
@@ -109,30 +123,41 @@ def show_error(exc: Exception) -> None:
         st.code("".join(traceback.format_exception(exc)), language=None)
 
 
+def _decoder():
+    """The Decode page's decoder: the live one (None before the first Step), or the open recording's replay."""
+    opened = recorded.current()
+    return opened.replay if opened is not None else st.session_state.decoder
+
+
 def reset() -> None:
-    st.session_state.decoder = None
+    opened = recorded.current()
+    if opened is not None:
+        opened.rewind()
+    else:
+        st.session_state.decoder = None
 
 
 def steps() -> list[StepRecord]:
-    decoder = st.session_state.decoder
+    decoder = _decoder()
     return [] if decoder is None else decoder.steps
 
 
 def done() -> bool:
-    decoder = st.session_state.decoder
+    decoder = _decoder()
     return decoder is not None and decoder.done
 
 
 def advance(num_steps: int | None, on_step: Callable[[StepRecord], None] | None = None) -> int:
     """Run up to num_steps more steps (None: until done); returns how many ran. The first call prefills."""
     ss = st.session_state
-    s = ss.settings
-    if ss.decoder is None:
-        ss.decoder = _engine(make_decoder, checkpoint(s.model), list(s.prompt), s.decode_config(), s.stepped_mode,
-                             s.drafter, timer=StepTimer(s.device), model=_model(s))
+    decoder = _decoder()
+    if decoder is None:
+        s = ss.settings
+        decoder = ss.decoder = _engine(make_decoder, checkpoint(s.model), list(s.prompt), s.decode_config(),
+                                       s.stepped_mode, s.drafter, timer=StepTimer(s.device), model=_model(s))
     num_run = 0
-    while not ss.decoder.done and (num_steps is None or num_run < num_steps):
-        record = _engine(ss.decoder.step)
+    while not decoder.done and (num_steps is None or num_run < num_steps):
+        record = _engine(decoder.step)
         num_run += 1
         if on_step is not None:
             on_step(record)
@@ -141,14 +166,14 @@ def advance(num_steps: int | None, on_step: Callable[[StepRecord], None] | None 
 
 def tau() -> float | None:
     """profiling.metrics' tau of the decode so far (None before the first step)."""
-    decoder = st.session_state.decoder
+    decoder = _decoder()
     return None if decoder is None else metrics.tau(decoder.record())
 
 
 def generated(max_new_tokens: int) -> list[tuple[int, int]]:
     """(token, producing step) for every generated token so far, truncated as a RunRecord is; step -1 is the
     prefill."""
-    decoder = st.session_state.decoder
+    decoder = _decoder()
     if decoder is None:
         return []
     out = [(decoder.first_token, -1)] + [(t, step.index) for step in decoder.steps for t in step.committed]
@@ -156,8 +181,11 @@ def generated(max_new_tokens: int) -> list[tuple[int, int]]:
 
 
 def runs() -> dict[str, RunRecord]:
-    """AR and the speculative runs of the current settings, decoded once per settings (profiled)."""
+    """AR and the speculative runs of the current settings, decoded once per settings (profiled); a recording's."""
     ss = st.session_state
+    opened = recorded.current()
+    if opened is not None:
+        return opened.recording.runs
     if ss.runs is None:
         s = ss.settings
         names = " and ".join(MODE_LABELS[m] for m in s.modes)
@@ -185,6 +213,37 @@ def repeated(count: int) -> list[dict[str, RunRecord]]:
         bar.empty()
         ss.runs, ss.reports = median_repeat(ss.repeats, s.stepped_mode), None
     return ss.repeats
+
+
+def statistics(count: int) -> RepeatStats:
+    """The statistics of `count` repeats (repeated()); a recording's own, whatever the count."""
+    opened = recorded.current()
+    return opened.recording.repeats if opened is not None else repeat_stats(repeated(count))
+
+
+def summaries(runs: dict[str, RunRecord]) -> dict[str, dict]:
+    """metrics.summarize_runs; a recording's runs keep their recorded divergence verdicts (profiling.report_reader)."""
+    opened = recorded.current()
+    if opened is not None and runs is opened.recording.runs:
+        return opened.recording.summaries
+    return metrics.summarize_runs(runs)
+
+
+def reports(names: list[str]) -> dict[str, bytes]:
+    """The exports of runs() by file name, rendered once per set of runs: with the Profile page's repeat statistics
+    when runs() is their median repeat; a recording's with its own statistics, capture and environment."""
+    ss = st.session_state
+    opened = recorded.current()
+    if opened is not None:
+        if opened.reports is None:
+            data = opened.recording.report_data()
+            opened.reports = {n: render_data(data, n) for n in names}
+        return opened.reports
+    if ss.reports is None:
+        runs_now = runs()
+        stats = repeat_stats(ss.repeats) if ss.repeats is not None else None
+        ss.reports = {n: render(runs_now, n, repeats=stats) for n in names}
+    return ss.reports
 
 
 def sweep(budgets: list[int], repeats: int, on_progress: Callable[[int, int], None]) -> list[dict]:

@@ -4,11 +4,10 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 
-from engine.checkpoint import Checkpoint
 from engine.records import MODE_LABELS, RunRecord, StepRecord
 from engine.text import TokenizerError
 from profiling import divergence
-from profiling.metrics import committing_step, stage_ns, top2_gap
+from profiling.metrics import committing_step, stage_ns, top2_gaps
 
 PREFILL_COLOUR = "#e0e0e0"
 GOLDEN_ANGLE = 137.508  # degrees: consecutive steps get hues far apart, and no two of the first hundreds match
@@ -27,10 +26,9 @@ def step_colour(step: int) -> str:
     return f"hsl({step * GOLDEN_ANGLE % 360:.1f}, 70%, {82 if step % 2 else 88}%)"
 
 
-def piece_of(ckpt: Checkpoint) -> Callable[[int], str] | None:
-    """The model's token -> display piece (engine.text.Tokenizer.piece), None without a tokenizer; an id the
-    tokenizer does not know shows as <id N>."""
-    tokenizer = ckpt.tokenizer
+def piece_of(tokenizer) -> Callable[[int], str] | None:
+    """token -> display piece by the tokenizer's piece() (engine.text.Tokenizer, or a recording's vocabulary), None
+    without one; an id the tokenizer does not know shows as <id N>."""
     if tokenizer is None:
         return None
 
@@ -107,6 +105,7 @@ def compare_rows(runs: dict[str, RunRecord]) -> list[dict]:
     """Position by position: the AR token, each speculative run's token, whether they all agree, the AR logits'
     top-1/top-2 gap there (a near tie is where numerics could flip greedy) and the step that committed it."""
     ar = runs["ar"]
+    gaps = top2_gaps(ar)
     others = {mode: run for mode, run in runs.items() if mode != "ar"}
     rows = []
     for pos in range(max(len(run.tokens) for run in runs.values())):
@@ -115,8 +114,7 @@ def compare_rows(runs: dict[str, RunRecord]) -> list[dict]:
         for mode, run in others.items():
             row[MODE_LABELS[mode]] = run.tokens[pos] if pos < len(run.tokens) else None
         row["equal"] = all(row[MODE_LABELS[m]] == a for m in others)
-        row["AR top-1/top-2 gap"] = top2_gap(ar.logits[pos]) if ar.logits is not None and pos < len(ar.logits) \
-            else None
+        row["AR top-1/top-2 gap"] = gaps[pos] if pos < len(gaps) else None
         for mode, run in others.items():
             step = committing_step(run, pos)
             row[f"{MODE_LABELS[mode]} step"] = "prefill" if step is None else str(step)

@@ -1,0 +1,287 @@
+"""Open a report.json that `python -m engine run --report DIR` wrote, here or on another machine (a GPU server),
+as the records a live decode leaves: the runs (engine.records), their summaries, the repeat statistics, the
+torch.profiler capture and where it all ran. The dashboard's views then read it as they read a live decode.
+
+A report comes from elsewhere, so it is checked whole before anything is built, and the first problem raises
+ReportReadError naming what is wrong, where in the file, and what to do:
+1. size (at most MAX_BYTES), UTF-8, strict JSON (engine.strict_json: no duplicate keys, bounded nesting), every
+   number finite and every integer within 64 bits;
+2. schema_version: this reader reads SCHEMA_VERSION;
+3. the schema (profiling/schema.py);
+4. the records' own rules (profiling/report_checks.py), and the summaries and repeat statistics against the steps.
+What a report cannot hold stays out: the AR logits (RunRecord.logits is None), so a first divergence keeps the
+verdict recorded with it (near tie or real), which the machine that had the logits computed.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import pathlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import jsonschema
+import numpy as np
+
+from engine import strict_json
+from engine.records import ExpertTraffic, NodeProbs, RunRecord, StepRecord, TreeRecord
+from engine.text import TokenizerError
+
+from . import report_checks
+from .capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
+from .metrics import range_names, summarize_runs
+from .repeats import STATISTICS, RepeatStats, large_spread, repeat_stats, summarize_repeats
+from .report_data import ReportData
+from .schema import REPORT_SCHEMA, SCHEMA_VERSION
+
+MAX_BYTES = 256 * 2**20  # a report of 1,025-node trees over a few hundred steps stays far below this
+EXPORT_AGAIN = "export it again with `python -m engine run --report DIR`"
+_VALIDATOR = jsonschema.Draft202012Validator(REPORT_SCHEMA)
+_INT64 = 2**63
+_DIVERGENCE_VERDICT = ("kind", "score_gap", "tolerance", "logit_gap", "token_gap")  # needs the AR logits
+
+
+class ReportReadError(ValueError):
+    """The file is not a report this dashboard can open; the message says why and what to do."""
+
+
+class RecordedVocabulary:
+    """The pieces and bytes of the tokens a report mentions: engine.text.Tokenizer's piece() and decode() for them."""
+
+    def __init__(self, table: dict[int, tuple[str, bytes]]) -> None:
+        self._table = table
+
+    def piece(self, token: int) -> str:
+        return self._entry(token)[0]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of the ids, as the byte-level tokenizer decodes it (bytes joined, then UTF-8)."""
+        return b"".join(self._entry(t)[1] for t in ids).decode("utf-8", errors="replace")
+
+    def _entry(self, token: int) -> tuple[str, bytes]:
+        if token not in self._table:
+            raise TokenizerError(f"token id {token} is not in the report's vocabulary")
+        return self._table[token]
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    """A report.json read back: what the dashboard shows in place of a live decode."""
+
+    name: str  # the file's name, as the user gave it
+    digest: str  # SHA-256 of its bytes
+    size: int  # bytes
+    runs: dict[str, RunRecord]  # AR first, then the speculative runs, as decode_runs returns them
+    summaries: dict[str, dict]  # metrics.summarize_runs of the runs, first divergences as recorded
+    repeats: RepeatStats
+    capture: Capture | None
+    environment: dict  # where it ran: profiling/environment.py's fields
+    vocabulary: RecordedVocabulary | None  # None: the model had no tokenizer
+
+    @property
+    def primary(self) -> str:
+        return "ddtree" if "ddtree" in self.runs else list(self.runs)[-1]
+
+    def report_data(self) -> ReportData:
+        """What its exports are rendered from: its runs, summaries, statistics, capture and environment as recorded."""
+        return ReportData(self.runs, self.summaries, self.repeats, self.capture, self.environment)
+
+
+def read_report_file(path: str | os.PathLike) -> Recording:
+    """A report.json on this machine."""
+    path = pathlib.Path(path)
+    try:
+        if not path.is_file():
+            raise ReportReadError(f"{path}: no such file (a directory, or a path that does not exist); give the path "
+                                  "of a report.json.")
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise ReportReadError(_too_big(str(path), size))
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ReportReadError(f"{path}: cannot be read ({exc.strerror or exc}); check the path and its "
+                              "permissions.") from None
+    return read_report(data, str(path))
+
+
+def read_report(data: bytes, name: str) -> Recording:
+    """The report in data (name: what to call it in messages)."""
+    if len(data) > MAX_BYTES:
+        raise ReportReadError(_too_big(name, len(data)))
+    doc = _parse(data, name)
+    try:
+        cfg = report_checks.check_config(doc)
+        report_checks.check_steps_and_runs(doc, cfg)
+        report_checks.check_capture(doc, cfg)
+        runs = {mode: _run(doc, mode) for mode in cfg.modes}
+        table = report_checks.check_vocabulary(doc, cfg, set().union(*(r.token_ids() for r in runs.values())))
+        if table is not None:
+            for run in runs.values():
+                run.vocabulary = {t: table[t] for t in sorted(run.token_ids())}
+        summaries = _summaries(doc, runs)
+        repeats = _repeats(doc, runs)
+    except report_checks.ReportCheckError as exc:
+        raise ReportReadError(f"{name} does not hold together at {exc}. The file was damaged or edited: "
+                              f"{EXPORT_AGAIN}.") from None
+    return Recording(name=name, digest=hashlib.sha256(data).hexdigest(), size=len(data), runs=runs,
+                     summaries=summaries, repeats=repeats, capture=_capture(doc["capture"]),
+                     environment=dict(doc["environment"]), vocabulary=None if table is None else
+                     RecordedVocabulary(table))
+
+
+def _too_big(name: str, size: int) -> str:
+    return (f"{name} is {size / 2**20:.0f} MiB, more than the {MAX_BYTES / 2**20:.0f} MiB a report may be: it is not "
+            "a report.json, or one of far more steps than a dashboard can show; export a shorter decode.")
+
+
+def _parse(data: bytes, name: str) -> dict:
+    """Steps 1-3 of the module docstring: the document, matching the schema."""
+    try:
+        doc = strict_json.loads(data)
+    except strict_json.StrictJSONError as exc:
+        raise ReportReadError(f"{name} {exc}: it is not a report.json, or it was cut short or damaged on the way; "
+                              f"copy it again, or {EXPORT_AGAIN}.") from None
+    if not isinstance(doc, dict):
+        kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(doc), "number")
+        raise ReportReadError(f"{name} holds a JSON {kind}, not an object: it is not a report.json "
+                              "(open the report.json that `python -m engine run --report DIR` wrote).")
+    bad = _out_of_range_number(doc)
+    if bad is not None:
+        where, value = bad
+        raise ReportReadError(f"{name}: {where} is {value}, which a report never holds (its writer writes strict JSON: "
+                              f"finite numbers, 64-bit integers); the file was edited or damaged: {EXPORT_AGAIN}.")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        found = "has no schema_version" if "schema_version" not in doc else f"has schema version {version!r}"
+        raise ReportReadError(f"{name} {found}; this dashboard reads report.json schema version {SCHEMA_VERSION} "
+                              f"(profiling/schema.py): {EXPORT_AGAIN} from a checkout of this version.")
+    error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(doc))
+    if error is not None:
+        raise ReportReadError(f"{name} does not match the report schema (version {SCHEMA_VERSION}) at "
+                              f"{_place(error.absolute_path)}: {_short(error.message)}. A field is missing, misnamed "
+                              f"or of the wrong type: the file was damaged or edited; {EXPORT_AGAIN}.")
+    return doc
+
+
+def _out_of_range_number(doc: object) -> tuple[str, object] | None:
+    """(place, value) of a non-finite float (NaN, Infinity, 1e999) or an integer beyond 64 bits, else None."""
+    stack: list[tuple[object, tuple]] = [(doc, ())]
+    while stack:
+        value, where = stack.pop()
+        kind = type(value)
+        if (kind is float and not math.isfinite(value)) or (kind is int and not -_INT64 <= value < _INT64):
+            return _place(where), _short(repr(value))
+        if kind is dict:
+            stack.extend((v, (*where, k)) for k, v in value.items())
+        elif kind is list:
+            stack.extend((v, (*where, i)) for i, v in enumerate(value))
+    return None
+
+
+def _place(path: Iterable) -> str:
+    """A place in the document: steps[3].tree.parents[5] ("the top level" for the root)."""
+    out = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+    return out or "the top level"
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _tree(t: dict) -> TreeRecord:
+    n = len(t["tokens"])
+    visibility = np.zeros((n, n), dtype=bool)
+    for i, row in enumerate(t["visible"]):
+        visibility[i, row] = True
+    return TreeRecord(tokens=list(t["tokens"]), parents=list(t["parents"]), depths=list(t["depths"]),
+                      ranks=list(t["ranks"]), scores=[-math.inf if s is None else float(s) for s in t["scores"]],
+                      visibility=visibility)
+
+
+def _step(s: dict) -> StepRecord:
+    probs, experts = s["probs"], s.get("experts")
+    return StepRecord(
+        index=s["index"], mode=s["mode"], prefix_len=s["prefix_len"], tree=_tree(s["tree"]), target=list(s["target"]),
+        logit_gap=[float(g) for g in s["logit_gap"]], path=list(s["path"]), bonus=s["bonus"],
+        committed=list(s["committed"]), timings_ns=dict(s["timings_ns"]), wall_ns=s["wall_ns"],
+        spans=[tuple(span) for span in s["spans"] or []], committed_text=s["committed_text"],
+        probs=None if probs is None else NodeProbs(
+            target=[float(x) for x in probs["target"]], draft=[float(x) for x in probs["draft"]],
+            move_on=[float(x) for x in probs["move_on"]], expected_accepted=float(probs["expected_accepted"]),
+            draft_expected=float(probs["draft_expected"])),
+        experts=None if experts is None else ExpertTraffic(list(experts["touched"]), experts["bytes_per_expert"]))
+
+
+def _run(doc: dict, mode: str) -> RunRecord:
+    config, run = doc["config"], doc["runs"][mode]
+    return RunRecord(mode=mode, model=config["model"], decode=config["decode"], prompt=list(config["prompt"]),
+                     first_token=run["first_token"], steps=[_step(s) for s in doc["steps"] if s["mode"] == mode],
+                     prefill_ns=run["prefill_ns"], tokens=list(run["tokens"]), logits=None, wall_ns=run["wall_ns"],
+                     drafter={} if mode == "ar" else config["drafter"],  # AR drafts nothing
+                     prompt_text=run["prompt_text"], text=run["text"])
+
+
+def _capture(capture: dict | None) -> Capture | None:
+    if capture is None:
+        return None
+    return Capture(list(capture["activities"]), {
+        mode: RunCapture([RangeTime(**r) for r in run["ranges"]], [OpTime(**o) for o in run["ops"]],
+                         [KernelEvent(**k) for k in run["kernels"]]) for mode, run in capture["runs"].items()})
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal as JSON values, floats to 1e-9 relative (a report may come from another numpy)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _summaries(doc: dict, runs: dict[str, RunRecord]) -> dict[str, dict]:
+    """summarize_runs of the rebuilt runs, each checked against the recorded one; the first divergence's verdict is
+    the recorded one (it needs the AR logits, which a report does not hold)."""
+    out = summarize_runs(runs)
+    for mode, recorded in doc["summaries"].items():
+        computed = out[mode]
+        for key, value in recorded.items():
+            if key == "first_divergence" and value is not None and computed[key] is not None:
+                where = {k: v for k, v in value.items() if k not in _DIVERGENCE_VERDICT}
+                if _same(where, {k: computed[key][k] for k in where}):
+                    computed[key] = dict(value)
+                    continue
+            report_checks.require(_same(value, computed[key]), f"summaries.{mode}.{key}",
+                                  f"{_short(repr(value), 60)} is not what the {mode} steps give "
+                                  f"({_short(repr(computed[key]), 60)})")
+    return out
+
+
+def _repeats(doc: dict, runs: dict[str, RunRecord]) -> RepeatStats:
+    """The recorded repeat statistics, checked (each ordered, and the runs' own values within their min-max); a
+    report from before they were recorded: the runs alone, one repeat."""
+    recorded = doc.get("repeats")
+    if recorded is None:
+        return repeat_stats([runs])
+    count, modes = recorded["count"], recorded["modes"]
+    report_checks.require(set(modes) == set(runs), "repeats.modes", f"holds {sorted(modes)}, the runs {list(runs)}")
+    own = summarize_repeats([runs])
+    for mode in runs:
+        for key in STATISTICS:
+            s, value = modes[mode][key], own[mode][key]["median"]
+            report_checks.check_stats(s, count, f"repeats.modes.{mode}.{key}")
+            report_checks.require(s["n"] == 0 or value is None or s["min"] <= value <= s["max"] or
+                                  math.isclose(value, s["min"] if value < s["min"] else s["max"], rel_tol=1e-9),
+                                  f"repeats.modes.{mode}.{key}", f"the runs' own {value:.6g} lies outside the "
+                                                                 f"repeats' min-max {s['min']:.6g}-{s['max']:.6g}")
+    rows = {mode: {k: dict(modes[mode][k]) for k in STATISTICS} for mode in runs}
+    for row in rows.values():
+        row["large_spread"] = large_spread(row)
+    ranges = report_checks.range_stat_rows(doc, count, list(runs))
+    for mode, run in runs.items():
+        missing = [name for name in range_names(run.steps) if name not in ranges[mode]]
+        report_checks.require(not missing, "kernels", f"has no {mode} row for the range(s) {missing[:4]} that its "
+                                                      "steps time")
+    return RepeatStats(count, rows, ranges)

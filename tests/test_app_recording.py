@@ -1,0 +1,109 @@
+"""A report.json opened in the dashboard (AppTest): every page shows the recording, labelled as one, from its own
+records; the controls that need the model are disabled; a bad file changes nothing; closing it brings the live
+decode back as it was."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from recordings import record
+from test_app import metric, press, run, shown_tokens, start
+
+from engine.config import DecodeConfig
+from engine.drafters import DrafterSpec
+from profiling.metrics import summarize_runs
+
+PAGES = ("app_pages/decode.py", "app_pages/profile.py", "app_pages/compare.py", "app_pages/report.py")
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_checkpoint, tmp_path_factory):
+    cfg = DecodeConfig(budget=random.randint(4, 16), block_size=random.randint(3, 5), max_new_tokens=12)
+    return record(tiny_checkpoint, tmp_path_factory.mktemp("recording"), cfg,
+                  DrafterSpec(noise=0.3, seed=random.randrange(1000)), ("ddtree",), 2)
+
+
+def banner(at) -> str:
+    return next((i.value for i in at.info if i.value.startswith("**A recording**")), "")
+
+
+def open_path(at, path) -> None:
+    at.sidebar.text_input(key="report_path").set_value(str(path))
+    run(at)
+
+
+def test_every_page_shows_the_recording_labelled_as_one(recorded):
+    repeated, runs, path = recorded
+    doc = json.loads(path.read_bytes())
+    env, dd = doc["environment"], runs["ddtree"]
+    at = start()
+    press(at, "Step")  # a live decode in progress: the recording must not lose it
+    open_path(at, path)
+    for page in PAGES:
+        run(at.switch_page(page))
+        text = banner(at)
+        assert path.name in text and env["device_name"] in text, page
+        assert (env["git_commit"] or "no git commit")[:12] in text and f"B = {dd.decode['budget']}" in text, page
+        assert f"{doc['repeats']['count']} repeat(s)" in text and "vocabulary 512" in text, page
+
+    run(at.switch_page("app_pages/decode.py"))
+    assert metric(at, "Steps") == "0" and metric(at, "Status") == "ready"
+    press(at, "Step")
+    step = dd.steps[0]
+    assert metric(at, "Steps") == "1", "Step replays the first recorded step"
+    assert any(v.startswith(f"Step 0: tree of **{step.tree.num_nodes} nodes**") for v in at.markdown.values)
+    assert metric(at, "Tokens committed") == str(step.num_committed)
+    press(at, "Run to end")
+    assert metric(at, "Status") == "done" and shown_tokens(at) == dd.tokens
+    assert metric(at, "Steps") == str(dd.num_steps)
+
+    run(at.switch_page("app_pages/profile.py"))
+    assert all(b.disabled for b in at.button if b.label in ("Re-run", "Run sweep"))
+    assert any("needs the model" in c.value for c in at.caption)
+    shown = next(m for m in at.metric if m.label == "DDTree tokens/s")
+    assert shown.value == f"{doc['repeats']['modes']['ddtree']['tokens_per_s']['median']:.1f}"
+    assert (at.dataframe[0].value["n"] == len(repeated)).all(), "the recorded statistics, over its repeats"
+    assert at.session_state["repeats"] is None, "nothing was decoded"
+
+    run(at.switch_page("app_pages/compare.py"))
+    assert at.success[0].value.startswith("Greedy-exact: DDTree emitted exactly the AR tokens")
+    assert list(at.dataframe[0].value["AR"]) == runs["ar"].tokens
+
+    run(at.switch_page("app_pages/report.py"))
+    files = at.session_state["recording"].reports
+    exported = json.loads(files["report.json"])
+    assert exported == doc, "re-exported as recorded: environment, statistics and summaries kept"
+    assert files["steps.csv"] == (path.parent / "steps.csv").read_bytes()
+
+    next(b for b in at.sidebar.button if b.label == "Close the recording").click()
+    run(at.switch_page("app_pages/decode.py"))
+    assert not banner(at) and metric(at, "Steps") == "1", "the live decode is back as it was"
+    assert summarize_runs(runs)["ddtree"]["matches_ar"]
+
+
+def test_an_uploaded_recording_opens_and_bad_files_change_nothing(recorded, tmp_path):
+    path = recorded[2]
+    at = start()
+    press(at, "Step")
+    for name, data in (("noise.json", bytes(random.randrange(256) for _ in range(300))),
+                       ("cut.json", path.read_bytes()[: random.randrange(10, 5000)])):
+        at.sidebar.file_uploader(key="report_upload").upload(name, data)
+        run(at)
+        error = at.sidebar.error[0].value
+        assert error.startswith(f"{name} ") and error.endswith("Still decoding live.")
+        assert not banner(at) and metric(at, "Steps") == "1", "the live decode is kept"
+    at.sidebar.file_uploader(key="report_upload").upload("good.json", path.read_bytes())
+    run(at)
+    assert not at.sidebar.error and "good.json" in banner(at)
+
+    doc = json.loads(path.read_bytes())
+    doc["schema_version"] = 1
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    open_path(at, old)
+    error = at.sidebar.error[0].value
+    assert "schema version 1" in error and error.endswith("Still showing good.json.")
+    assert "good.json" in banner(at), "the open recording stays open"
+    open_path(at, tmp_path / "missing.json")
+    assert "no such file" in at.sidebar.error[0].value

@@ -1,0 +1,137 @@
+"""A recording: a report.json (profiling.report_reader) opened in the sidebar in place of the live decode, per tab.
+
+While one is open every page reads it: the Decode page steps through its recorded steps (profiling.replay), the
+Profile, Compare and Report pages read its runs, statistics and capture, and the controls that need the model are
+disabled with needs_model()'s sentence. The live decode stays as it was and is back once the recording is closed;
+a file that does not open leaves everything as it was, with a message saying why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from engine.cli_options import TREES
+from engine.drafters import REGISTRY, DrafterSpec
+from engine.records import MODE_LABELS
+from profiling.replay import Replay
+from profiling.report_reader import Recording, ReportReadError, read_report, read_report_file
+from ui.settings import Settings
+
+
+@dataclass(slots=True)
+class Opened:
+    """The open recording, the settings it was decoded with, and how far the Decode page has stepped it."""
+
+    recording: Recording
+    settings: Settings
+    replay: Replay
+    reports: dict[str, bytes] | None = None  # its exports, rendered once (the Report page)
+
+    def rewind(self) -> None:
+        self.replay = Replay(self.recording.runs[self.settings.stepped_mode])
+
+
+def init() -> None:
+    st.session_state.setdefault("recording", None)
+    st.session_state.setdefault("report_error", None)
+
+
+def current() -> Opened | None:
+    return st.session_state.get("recording")
+
+
+def needs_model() -> str | None:
+    """None live; with a recording open, why a control that decodes is disabled."""
+    opened = current()
+    if opened is None:
+        return None
+    return (f"A recording: its {opened.recording.repeats.count} repeat(s) were measured where it ran, and decoding "
+            "again needs the model. Close the recording (sidebar) to decode live.")
+
+
+def settings_of(recording: Recording) -> Settings:
+    """The sidebar settings the recorded runs were decoded with."""
+    run = recording.runs[recording.primary]
+    drafter = run.drafter
+    spec = DrafterSpec(drafter["name"], **{f: drafter[f] for f in REGISTRY[drafter["name"]].fields})
+    modes = tuple(m for m in recording.runs if m != "ar")
+    tree = next(name for name, value in TREES.items() if value == modes)
+    return Settings(model=f"{recording.name} (recorded)", model_id=f"recording:{recording.digest}",
+                    prompt=tuple(run.prompt), drafter=spec, tree=tree, **run.decode)
+
+
+def _open(read, *args) -> None:
+    ss = st.session_state
+    ss.report_error = None
+    try:
+        recording = read(*args)
+    except ReportReadError as exc:
+        ss.report_error = str(exc)
+        return
+    settings = settings_of(recording)
+    ss.recording = Opened(recording, settings, Replay(recording.runs[settings.stepped_mode]))
+
+
+def _on_upload() -> None:
+    file = st.session_state.report_upload
+    if file is not None:
+        _open(read_report, file.getvalue(), file.name)
+
+
+def _on_path() -> None:
+    path = st.session_state.report_path.strip()
+    if path:
+        _open(read_report_file, path)
+
+
+def _close() -> None:
+    st.session_state.recording = None
+    st.session_state.report_error = None
+
+
+def sidebar() -> None:
+    """The sidebar's recording section: open a report.json (upload or a path on this server), or close it."""
+    opened = current()
+    with st.sidebar:
+        st.header("Recording")
+        if opened is not None:
+            st.caption(f"Showing **{opened.recording.name}** on every page.")
+            st.button("Close the recording", on_click=_close)
+        st.file_uploader("Open a report", type=["json"], key="report_upload", on_change=_on_upload,
+                         help="A report.json that `python -m engine run --report DIR` wrote, here or on another "
+                              "machine (a GPU server): every page shows it as it shows a live decode.")
+        st.text_input("Or a report path", key="report_path", on_change=_on_path, placeholder="out/report.json",
+                      help="The path of a report.json on this server.")
+        error = st.session_state.report_error
+        if error:
+            still = f"Still showing {opened.recording.name}." if opened is not None else "Still decoding live."
+            st.error(f"{error} {still}")
+
+
+def _model_line(model: dict) -> str:
+    moe = model["num_hidden_layers"] - model["first_k_dense_replace"]
+    experts = (f", {moe} MoE layers of {model['n_routed_experts']} routed experts (top-{model['num_experts_per_tok']})"
+               if moe > 0 else "")
+    return f"{model['num_hidden_layers']} layers, hidden {model['hidden_size']}, vocabulary {model['vocab_size']}" \
+           + experts
+
+
+def banner() -> None:
+    """What every page says while a recording is open: where it ran, at which commit, the model and settings."""
+    opened = current()
+    if opened is None:
+        return
+    rec, s = opened.recording, opened.settings
+    env = rec.environment
+    commit = env["git_commit"][:12] if env["git_commit"] else "no git commit"
+    dirty = " with uncommitted changes" if env.get("git_dirty") else ""
+    cuda = f", CUDA {env['cuda']}" if env["cuda"] else ""
+    modes = " and ".join(MODE_LABELS[m] for m in rec.runs)
+    st.info(f"**A recording**, not a live decode: {rec.name} ({rec.size / 1e6:.1f} MB, SHA-256 {rec.digest[:12]}), "
+            f"recorded on {env['device_name']} ({env['device']}, torch {env['torch']}{cuda}, Python {env['python']}, "
+            f"{env['platform']}) at commit {commit}{dirty}. Model: {_model_line(rec.runs['ar'].model)}. Settings: "
+            f"{modes}; {s.drafter.label()} drafter; B = {s.budget}, block size {s.block_size}, {s.max_new_tokens} new "
+            f"tokens, {s.decode_config().sampling}, {s.device} {s.dtype}"
+            f"{', batch-invariant' if s.batch_invariant else ''}; {rec.repeats.count} repeat(s). Step replays its "
+            "recorded steps; close it in the sidebar to decode live.")
