@@ -219,7 +219,7 @@ def _run(doc: dict, mode: str) -> RunRecord:
                      first_token=run["first_token"], steps=[_step(s) for s in doc["steps"] if s["mode"] == mode],
                      prefill_ns=run["prefill_ns"], tokens=list(run["tokens"]), logits=None, wall_ns=run["wall_ns"],
                      drafter={} if mode == "ar" else config["drafter"],  # AR drafts nothing
-                     prompt_text=run["prompt_text"], text=run["text"])
+                     prompt_text=run["prompt_text"], text=run["text"], parallel=config.get("parallel"))
 
 
 def _capture(capture: dict | None) -> Capture | None:
