@@ -71,7 +71,7 @@ def test_the_decode_page_reads_a_1024_node_tree_by_its_focus(tiny_checkpoint):
     run(at)
     press(at, "Step")
     step = at.session_state["decoder"].steps[-1]
-    piece = views.piece_of(tiny_checkpoint)
+    piece = views.piece_of(tiny_checkpoint.tokenizer)
     assert step.tree.num_nodes == 1025
     focus = at.selectbox(key="tree_focus")
     assert focus.options == [focus_label(step, n, piece) for n in real_nodes(step.tree)]
