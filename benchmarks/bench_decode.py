@@ -29,18 +29,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from engine.config import DecodeConfig, ModelConfig
-from engine.decode import ARDecoder, DDTreeDecoder, Decoder
-from engine.dflash import DFlashConfig, DFlashWeights
-from engine.dflash.fixtures import kimi_k25_layout, random_tensors
-from engine.drafters.dflash import DFlashDrafter, context_capacity
-from engine.drafters.oracle import OracleDrafter
-from engine.model import TargetModel
-from engine.parallel import Shard
-from engine.records import MODE_LABELS
-from engine.weights import lm_head_name, weight_shapes
-
-from .common import (
+from benchmarks.common import (
     Column,
     guarded,
     markdown_table,
@@ -52,7 +41,18 @@ from .common import (
     text_table,
     write_results,
 )
-from .decode_steps import STAGES, Plan, measure_decoder
+from benchmarks.decode_steps import STAGES, Plan, measure_decoder
+from engine.config import DecodeConfig, ModelConfig
+from engine.decoding.decoder import ARDecoder, DDTreeDecoder, Decoder
+from engine.drafters.dflash import DFlashDrafter, context_capacity
+from engine.drafters.oracle import OracleDrafter
+from engine.loaders.dflash_config import DFlashConfig
+from engine.model.dflash import DFlashWeights
+from engine.model.dflash_fixtures import kimi_k25_layout, random_tensors
+from engine.model.parallel import Shard
+from engine.model.target import TargetModel
+from engine.model.weights import lm_head_name, weight_shapes
+from engine.records import MODE_LABELS
 
 NOISY = 0.3  # the noisy oracle's chance to demote the true token at a position
 

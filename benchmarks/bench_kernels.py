@@ -25,10 +25,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels import ops, reference
-
-from .baselines import HEADS, RANK, ROPE, SCALE, AttnSet, attn_set, float64_attention, heapq_tree_build, torch_attention
-from .common import (
+from benchmarks.baselines import (
+    HEADS,
+    RANK,
+    ROPE,
+    SCALE,
+    AttnSet,
+    attn_set,
+    float64_attention,
+    heapq_tree_build,
+    torch_attention,
+)
+from benchmarks.common import (
     FULL,
     QUICK,
     Budget,
@@ -48,6 +56,7 @@ from .common import (
     time_wall,
     write_results,
 )
+from kernels import ops, reference
 
 CPU_FULL = Budget(warmup=2, min_reps=5, max_reps=200, target_ms=500.0)
 

@@ -21,17 +21,17 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from engine.checkpoint import Checkpoint
-from engine.fixtures import tiny_config
-from engine.kdtr import write_kdtr
-from engine.weights import weight_shapes
+from engine.loaders.checkpoint import Checkpoint
+from engine.loaders.kdtr import write_kdtr
+from engine.model.fixtures import tiny_config
+from engine.model.weights import weight_shapes
 
 REPO = Path(__file__).resolve().parent.parent
 _CHILD = textwrap.dedent("""
     import hashlib, json, os, sys, time, torch
-    from engine.hf import read_hf_dir
-    from engine.kdtr import read_kdtr
-    from engine.safetensors_file import read_exactly
+    from engine.loaders.hf_import import read_hf_dir
+    from engine.loaders.kdtr import read_kdtr
+    from engine.loaders.safetensors_file import read_exactly
 
     def status(key):
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))

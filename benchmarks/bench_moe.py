@@ -21,7 +21,7 @@ routed experts alone at N tokens, sparse (grouped GEMM) against the dense all-ex
 floor of the weights it reads.
 
     python -m benchmarks.bench_moe [--device cuda|cpu] [--quick] [--out DIR] [--layers N]
-    torchrun --nproc-per-node W -m benchmarks.bench_moe ...    # the model split over W ranks (engine/parallel.py)
+    torchrun --nproc-per-node W -m benchmarks.bench_moe ...    # the model split over W ranks (engine/model/parallel.py)
 
 --quick runs a small model of the same shape on the CPU in seconds (for the tests). --layers fixes the layer count
 (default: what fits one GPU, so runs at W = 1, 2, 4, 8 time the same model). Under torchrun every rank decodes its
@@ -42,16 +42,8 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from engine.config import DecodeConfig, ModelConfig
-from engine.decode import ARDecoder, Decoder
-from engine.drafters.oracle import OracleDrafter
-from engine.model import TargetModel
-from engine.moe import dense_moe, route, sparse_moe
-from engine.parallel import init_from_env, is_collective
-from engine.weights import weight_shapes
-
-from .bench_decode import NOISY, ddtree_decoder, dflash_rows, k2_mini, random_model
-from .common import (
+from benchmarks.bench_decode import NOISY, ddtree_decoder, dflash_rows, k2_mini, random_model
+from benchmarks.common import (
     FULL,
     QUICK,
     Column,
@@ -66,7 +58,14 @@ from .common import (
     time_calls,
     write_results,
 )
-from .decode_steps import Plan, measure_decoder
+from benchmarks.decode_steps import Plan, measure_decoder
+from engine.config import DecodeConfig, ModelConfig
+from engine.decoding.decoder import ARDecoder, Decoder
+from engine.drafters.oracle import OracleDrafter
+from engine.model.moe import dense_moe, route, sparse_moe
+from engine.model.parallel import init_from_env, is_collective
+from engine.model.target import TargetModel
+from engine.model.weights import weight_shapes
 
 MODEL_BYTES = 120 * 10**9  # bf16 weights on the H200 (141 GB), leaving room for activations, cache and graphs
 DFLASH_LAYERS, DFLASH_BLOCK = 6, 8  # the learned drafter's rows: Kimi-K2.5-DFlash's widths and block, 6 layers

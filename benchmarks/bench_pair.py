@@ -22,19 +22,27 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from engine.cli_options import DEFAULT_MODEL
+from benchmarks.common import (
+    RESULTS_DIR,
+    Column,
+    markdown_table,
+    ratio,
+    resolve_device,
+    start_run,
+    text_table,
+    write_results,
+)
 from engine.config import DecodeConfig
-from engine.dflash.checkpoint import dflash_dir_beside
+from engine.decoding.session import make_decoder, with_text
 from engine.drafters import DrafterSpec
-from engine.loading import load_model
-from engine.model import TargetModel
+from engine.loaders.dflash_checkpoint import dflash_dir_beside
+from engine.loaders.loading import load_model
+from engine.loaders.shipped import DEFAULT_MODEL
+from engine.model.target import TargetModel
 from engine.records import MODE_LABELS, RunRecord
-from engine.session import make_decoder, with_text
 from engine.training.generate import distinct_ngram_rate
 from profiling.divergence import NEAR_TIE
 from profiling.metrics import first_divergence, per_position_acceptance, tau
-
-from .common import RESULTS_DIR, Column, markdown_table, ratio, resolve_device, start_run, text_table, write_results
 
 BUDGETS = (16, 64, 256)
 

@@ -12,10 +12,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from engine.decode import Decoder
+from benchmarks.common import guarded
+from engine.decoding.decoder import Decoder
 from engine.timers import StepTimer
-
-from .common import guarded
 
 STAGES = {  # table column -> collapsed StepTimer range names whose times add up to it
     "draft": ["step/draft"], "draft_update": ["step/draft_update"], "drafter": ["step/draft", "step/draft_update"],

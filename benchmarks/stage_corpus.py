@@ -1,7 +1,7 @@
 """Stage the corpus the shipped pair was trained on: this interpreter's standard library with its own test
 suites (about four times the text of the default `python-stdlib` corpus, which leaves the tests out), as a
 folder for `--corpus-dir`. Kept: every .py file under the stdlib path that is UTF-8 and at most 400 kB, outside
-the folders and files that are not hand-written library code (engine.corpus.STDLIB_EXCLUDED_DIRS less the test
+the folders and files that are not hand-written library code (engine.training.corpus.STDLIB_EXCLUDED_DIRS less the test
 folders, plus lib2to3's grammar fixtures, _sysconfigdata_* and config-*).
 
     python -m benchmarks.stage_corpus .corpus/cpython-3.11-lib      # Python 3.11.7: 1,435 files, 27.4 MB
@@ -14,7 +14,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from engine.corpus import STDLIB_EXCLUDED_DIRS
+from engine.training.corpus import STDLIB_EXCLUDED_DIRS
 
 EXCLUDED_DIRS = (STDLIB_EXCLUDED_DIRS - {"test", "tests"}) | {"lib2to3"}
 MAX_BYTES = 400_000

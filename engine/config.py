@@ -11,7 +11,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from . import strict_json
+from engine.loaders import strict_json
 
 MAX_BUDGET = 1024
 MAX_NEW_TOKENS = 1 << 20  # a bound before anything is sized from it; the context is checked per model

@@ -11,12 +11,13 @@ import numpy as np
 # What a run decoded with: "ar" (plain autoregressive), "chain" (the drafter's top-1 token per depth) or
 # "ddtree" (the best-first tree).
 MODES = ("ar", "chain", "ddtree")
+TREES = {"tree": ("ddtree",), "chain": ("chain",), "both": ("chain", "ddtree")}  # which modes run beside AR
 MODE_LABELS = {"ar": "AR", "chain": "chain", "ddtree": "DDTree"}
 
 
 @dataclass(slots=True)
 class NodeProbs:
-    """Per node of a verified tree: the target's and the drafter's probabilities (engine/node_probs.py)."""
+    """Per node of a verified tree: the target's and the drafter's probabilities (engine/decoding/node_probs.py)."""
 
     target: list[float]  # p(i): the target's probability of node i's token given its ancestors (root: 1)
     draft: list[float]  # the drafter's marginal probability of node i's token at its depth (root: 1)
@@ -48,7 +49,7 @@ class TreeRecord:
 
 @dataclass(slots=True)
 class ExpertTraffic:
-    """What one step's verify did to the routed experts (counted on the device inside the step, engine/moe.py)."""
+    """What one step's verify did to the routed experts (counted on the device inside the step, engine/model/moe.py)."""
 
     touched: list[int]  # per MoE layer: distinct routed experts the verify's nodes chose (AR: at most top-k)
     bytes_per_expert: int  # one routed expert's gate, up and down weights in the run's dtype
@@ -75,7 +76,7 @@ class StepRecord:
     timings_ns: dict[str, int] = field(default_factory=dict)  # stage name -> elapsed ns (empty: timer off)
     wall_ns: int = 0  # host wall time of the step, reading its record included
     spans: list[tuple[str, int, int]] = field(default_factory=list)  # (range name, start ns from step start, ns)
-    probs: NodeProbs | None = None  # what the target and the drafter give each node (engine/node_probs.py)
+    probs: NodeProbs | None = None  # what the target and the drafter give each node (engine/decoding/node_probs.py)
     committed_text: str | None = None  # the committed tokens as text (None: the model has no tokenizer)
     experts: ExpertTraffic | None = None  # routed experts the verify touched (None: the target has no MoE layer)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .build_guard import ExtensionBuildError, build_lock, check_error_path, discard_unverified
+from kernels.build_guard import ExtensionBuildError, build_lock, check_error_path, discard_unverified
 
 __all__ = ["ExtensionBuildError", "build_info", "build_lock", "check_error_path", "discard_unverified", "is_loaded",
            "load"]

@@ -16,17 +16,16 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity
 
-from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
-from engine.decode import Decoder
+from engine.decoding.decoder import Decoder
+from engine.decoding.session import ORACLE, golden_for, load_target, make_decoder, warm_up, with_text
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
+from engine.loaders.checkpoint import Checkpoint
+from engine.model.target import TargetModel
 from engine.records import MODES, RunRecord, StepRecord
-from engine.session import ORACLE, golden_for, load_target, make_decoder, warm_up, with_text
 from engine.timers import StepTimer
-
-from .capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
-from .metrics import STEP
+from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
+from profiling.metrics import STEP
 
 PREFILL = "prefill"
 

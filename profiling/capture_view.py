@@ -16,10 +16,9 @@ from itertools import pairwise
 
 from engine.records import MODE_LABELS, RunRecord
 from kernels.kernel_names import implementation
-
-from .capture_data import Capture, KernelEvent, OpTime, RunCapture
-from .metrics import STEP, range_names, range_parents
-from .spans import PREFILL
+from profiling.capture_data import Capture, KernelEvent, OpTime, RunCapture
+from profiling.metrics import STEP, range_names, range_parents
+from profiling.spans import PREFILL
 
 NO_RANGE = "(outside the ranges)"
 TOP_OPS = 10

@@ -7,8 +7,7 @@ import plotly.io as pio
 
 from engine.records import MODE_LABELS, MODES, RunRecord
 from engine.timers import stage_category
-
-from .spans import PREFILL, run_spans
+from profiling.spans import PREFILL, run_spans
 
 STAGE_COLORS = {"prefill": "#1f77b4", "step": "#ff7f0e", "draft": "#17becf", "tree_build": "#d62728",
                 "verify": "#9467bd", "tree_accept": "#8c564b", "kv_compact": "#e377c2", "commit": "#7f7f7f",

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from engine.config import DecodeConfig
+from engine.decoding.sampling import filtered_logits, uniforms
 from engine.records import RunRecord
-from engine.sampling import filtered_logits, uniforms
 
 NEAR_TIE = "numerics near tie"
 REAL = "real divergence"

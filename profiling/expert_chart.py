@@ -6,9 +6,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from engine.records import MODE_LABELS, RunRecord
-
-from .charts import MODE_COLORS
-from .metrics import expert_traffic
+from profiling.charts import MODE_COLORS
+from profiling.metrics import expert_traffic
 
 
 def expert_rows(runs: dict[str, RunRecord]) -> list[dict]:

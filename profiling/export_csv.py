@@ -7,12 +7,11 @@ from __future__ import annotations
 import csv
 import io
 
-from engine.decode import STAGES
+from engine.decoding.decoder import STAGES
 from engine.records import RunRecord, StepRecord
-
-from .metrics import STEP, stage_ns
-from .repeats import RANGE_COLUMNS, kernel_rows
-from .report_data import ReportData
+from profiling.metrics import STEP, stage_ns
+from profiling.repeats import RANGE_COLUMNS, kernel_rows
+from profiling.report_data import ReportData
 
 STEP_COLUMNS = ("mode", "step", "prefix_len", "num_nodes", "num_drafted", "num_accepted", "expected_accepted",
                 "draft_expected", "num_committed", "committed", "committed_text", "bonus", "experts_touched",

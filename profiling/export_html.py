@@ -5,14 +5,13 @@ from __future__ import annotations
 import html
 
 from engine.records import MODE_LABELS, RunRecord, StepRecord
-
-from .capture_data import Capture
-from .charts import acceptance_figure, figure_div, position_figure, stage_figure, timeline_figure
-from .divergence import verdict
-from .environment import environment
-from .figures import tree_figure
-from .metrics import kernel_table, primary_mode
-from .report_data import ReportData
+from profiling.capture_data import Capture
+from profiling.charts import acceptance_figure, figure_div, position_figure, stage_figure, timeline_figure
+from profiling.divergence import verdict
+from profiling.environment import environment
+from profiling.figures import tree_figure
+from profiling.metrics import kernel_table, primary_mode
+from profiling.report_data import ReportData
 
 MAX_TREES = 4
 DIFF = ' class="diff"'

@@ -12,12 +12,11 @@ import math
 import numpy as np
 
 from engine.records import RunRecord, StepRecord
-
-from .environment import environment
-from .metrics import primary_mode
-from .repeats import STATISTICS, RepeatStats, kernel_rows
-from .report_data import ReportData
-from .schema import SCHEMA_VERSION
+from profiling.environment import environment
+from profiling.metrics import primary_mode
+from profiling.repeats import STATISTICS, RepeatStats, kernel_rows
+from profiling.report_data import ReportData
+from profiling.schema import SCHEMA_VERSION
 
 
 def finite_or_none(x: float) -> float | None:

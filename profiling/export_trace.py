@@ -1,7 +1,7 @@
 """trace.json: Chrome Trace Event format (opens in Perfetto and chrome://tracing).
 
 One process per run (AR, chain, DDTree); for a parallel run, one per rank and run, the ranks of a run one above
-the other ("rank r/W: ..."), each with its own collective ranges (engine/parallel.py). Track 1 holds the stage
+the other ("rank r/W: ..."), each with its own collective ranges (engine/model/parallel.py). Track 1 holds the stage
 ranges as complete ("X") events nested like the StepTimer ranges (profiling/spans.py lays them out); with a
 torch.profiler capture of a CUDA run, each CUDA stream gets a track of its kernels. Metadata ("M") events name
 every process and track. Timestamps are µs from the start of the run's prefill; args carry the step index and
@@ -13,10 +13,9 @@ import json
 
 from engine.records import MODES, RunRecord, StepRecord
 from engine.timers import stage_category
-
-from .capture_data import Capture, KernelEvent
-from .metrics import num_draft_positions, range_parents
-from .spans import PREFILL, TimedSpan, run_spans, step_slots
+from profiling.capture_data import Capture, KernelEvent
+from profiling.metrics import num_draft_positions, range_parents
+from profiling.spans import PREFILL, TimedSpan, run_spans, step_slots
 
 PIDS = {mode: i + 1 for i, mode in enumerate(MODES)}  # one Perfetto process per run, AR on top
 RANK_PID_STRIDE = 1000  # a parallel run's process: PIDS[mode] * stride + rank (ranks of a run stay together)

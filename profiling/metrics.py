@@ -18,9 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.records import MODES, RunRecord, StepRecord
-
-from .capture_data import Capture
-from .divergence import REAL, classify
+from profiling.capture_data import Capture
+from profiling.divergence import REAL, classify
 
 STEP = "step"
 
@@ -136,7 +135,7 @@ def primary_mode(runs: dict[str, RunRecord]) -> str:
 
 def exactness_term(run: RunRecord) -> str:
     """What "the same tokens as AR" means for this run: greedy-exact at temperature 0, else seed-matched (AR and
-    the speculative run drew the same keyed noise, engine/sampling.py)."""
+    the speculative run drew the same keyed noise, engine/decoding/sampling.py)."""
     return "greedy-exact" if float(run.decode.get("temperature", 0.0)) == 0.0 else "seed-matched exact"
 
 

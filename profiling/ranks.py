@@ -1,12 +1,12 @@
-"""Every rank's timings of a tensor/expert-parallel run (engine/parallel.py), gathered on rank 0.
+"""Every rank's timings of a tensor/expert-parallel run (engine/model/parallel.py), gathered on rank 0.
 
-Communication time is the sum of a run's collective ranges (engine.parallel.is_collective: the attention and
+Communication time is the sum of a run's collective ranges (engine.model.parallel.is_collective: the attention and
 dense MLP all-reduce, the MoE combine) over its steps; its share is that over the steps' own time. On CUDA the ranges
 are CUDA events on the decode stream, so a collective's time includes its wait for the slowest rank.
 """
 from __future__ import annotations
 
-from engine.parallel import is_collective
+from engine.model.parallel import is_collective
 from engine.records import MODE_LABELS, RunRecord
 
 Ranks = list[dict[str, RunRecord]]  # rank r's runs by mode, in rank order

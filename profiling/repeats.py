@@ -19,15 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
+from engine.decoding.session import ORACLE, decode_runs
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
+from engine.loaders.checkpoint import Checkpoint
+from engine.model.target import TargetModel
 from engine.records import RunRecord
-from engine.session import ORACLE, decode_runs
-
-from .capture_data import Capture
-from .metrics import kernel_table, run_time_ns, tokens_per_s
+from profiling.capture_data import Capture
+from profiling.metrics import kernel_table, run_time_ns, tokens_per_s
 
 LARGE_SPREAD = 0.2  # (p90 - p10) / median above this is a large spread
 HEADLINE = ("tokens_per_s", "speedup")  # the statistics the large-spread warning looks at

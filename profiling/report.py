@@ -17,11 +17,10 @@ from collections.abc import Callable
 from types import ModuleType
 
 from engine.records import RunRecord
-
-from . import export_csv, export_json, export_trace
-from .capture_data import Capture
-from .repeats import RepeatStats
-from .report_data import ReportData, report_data
+from profiling import export_csv, export_json, export_trace
+from profiling.capture_data import Capture
+from profiling.repeats import RepeatStats
+from profiling.report_data import ReportData, report_data
 
 
 class ReportError(ValueError):
@@ -32,7 +31,7 @@ def html_exporter() -> ModuleType:
     """profiling.export_html, imported on first use: it needs plotly, which the engine itself does not (the
     GPU machine runs the engine without it)."""
     try:
-        from . import export_html
+        from profiling import export_html
     except ImportError as exc:
         raise ReportError(f"report.html needs plotly ({exc}): pip install plotly, or write the reports on a "
                           "machine that has it") from exc

@@ -17,8 +17,7 @@ from collections.abc import Iterable
 from engine.config import ConfigError, DecodeConfig, ModelConfig
 from engine.drafters import REGISTRY, DrafterSpec
 from engine.records import MODES
-
-from .repeats import RANGE_COLUMNS, STAT_FIELDS
+from profiling.repeats import RANGE_COLUMNS, STAT_FIELDS
 
 
 class ReportCheckError(ValueError):

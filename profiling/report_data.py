@@ -4,10 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.records import RunRecord
-
-from .capture_data import Capture
-from .metrics import summarize_runs
-from .repeats import RepeatStats, repeat_stats
+from profiling.capture_data import Capture
+from profiling.metrics import summarize_runs
+from profiling.repeats import RepeatStats, repeat_stats
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ torch.profiler capture and where it all ran. The dashboard's views then read it 
 
 A report comes from elsewhere, so it is checked whole before anything is built, and the first problem raises
 ReportReadError naming what is wrong, where in the file, and what to do:
-1. size (at most MAX_BYTES), UTF-8, strict JSON (engine.strict_json: no duplicate keys, bounded nesting), every
+1. size (at most MAX_BYTES), UTF-8, strict JSON (engine.loaders.strict_json: no duplicate keys, bounded nesting), every
    number finite and every integer within 64 bits;
 2. schema_version: this reader reads SCHEMA_VERSION;
 3. the schema (profiling/schema.py);
@@ -24,16 +24,15 @@ from dataclasses import dataclass
 import jsonschema
 import numpy as np
 
-from engine import strict_json
+from engine.loaders import strict_json
+from engine.loaders.text import TokenizerError
 from engine.records import ExpertTraffic, NodeProbs, RunRecord, StepRecord, TreeRecord
-from engine.text import TokenizerError
-
-from . import report_checks
-from .capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
-from .metrics import range_names, summarize_runs
-from .repeats import STATISTICS, RepeatStats, large_spread, repeat_stats, summarize_repeats
-from .report_data import ReportData
-from .schema import REPORT_SCHEMA, SCHEMA_VERSION
+from profiling import report_checks
+from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
+from profiling.metrics import range_names, summarize_runs
+from profiling.repeats import STATISTICS, RepeatStats, large_spread, repeat_stats, summarize_repeats
+from profiling.report_data import ReportData
+from profiling.schema import REPORT_SCHEMA, SCHEMA_VERSION
 
 MAX_BYTES = 256 * 2**20  # a report of 1,025-node trees over a few hundred steps stays far below this
 EXPORT_AGAIN = "export it again with `python -m engine run --report DIR`"
@@ -47,7 +46,7 @@ class ReportReadError(ValueError):
 
 
 class RecordedVocabulary:
-    """The pieces and bytes of the tokens a report mentions: engine.text.Tokenizer's piece() and decode() for them."""
+    """The pieces and bytes of the tokens a report mentions: engine.loaders.text.Tokenizer's piece() and decode() for them."""
 
     def __init__(self, table: dict[int, tuple[str, bytes]]) -> None:
         self._table = table

@@ -6,8 +6,7 @@ always writes them, and the reader (profiling/report_reader.py) says what it doe
 from __future__ import annotations
 
 from engine.records import MODES
-
-from .repeats import RANGE_COLUMNS, STAT_FIELDS, STATISTICS
+from profiling.repeats import RANGE_COLUMNS, STAT_FIELDS, STATISTICS
 
 SCHEMA_VERSION = 2  # 2: any set of runs (AR, chain, DDTree), a summary per speculative run
 
@@ -46,7 +45,7 @@ _STEP_FIELDS = {
         "target": _NUMS, "draft": _NUMS, "move_on": _NUMS, "expected_accepted": _NUM, "draft_expected": _NUM},
     )], "description": "per node: the target's probability of its token given its ancestors, the drafter's "
                        "marginal, the target's mass on its children; per step: the expected accepted drafted "
-                       "tokens under the target and the drafter's surrogate (engine/node_probs.py)"},
+                       "tokens under the target and the drafter's surrogate (engine/decoding/node_probs.py)"},
 }
 STEP_EXPERTS = {"oneOf": [{"type": "null"}, _object({
     "touched": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "bytes_per_expert": _INT,
@@ -132,7 +131,7 @@ CAPTURE = _object({"activities": {"type": "array", "items": {"enum": ["cpu", "cu
                    "runs": {"type": "object", "propertyNames": _MODE, "additionalProperties": CAPTURE_RUN}})
 
 PARALLEL = _object({"world_size": _INT, "backend": {"type": "string"}, "heads_per_rank": _INT,
-                    "experts_per_rank": _INT})  # engine.parallel.Shard.layout: the run's tensor/expert layout
+                    "experts_per_rank": _INT})  # engine.model.parallel.Shard.layout: the run's tensor/expert layout
 _REPORT_FIELDS = {
     "schema_version": {"const": SCHEMA_VERSION},
     "environment": ENVIRONMENT,

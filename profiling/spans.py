@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from engine.records import RunRecord, StepRecord
 from engine.timers import Span
-
-from .metrics import STEP, range_parents, tree_order
+from profiling.metrics import STEP, range_parents, tree_order
 
 PREFILL = "prefill"
 

@@ -8,24 +8,17 @@ profiling.metrics (generated tokens over prefill + step wall time).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import re
-import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-from engine import cli_options as opts
-from engine.checkpoint import Checkpoint
 from engine.config import MAX_BUDGET, DecodeConfig
+from engine.decoding.session import ORACLE, continuation_of, load_target, make_decoder
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
-from engine.session import ORACLE, continuation_of, load_target, make_decoder
-
-from .metrics import run_time_ns, tau
-from .repeats import stats
-from .report import write_atomic
+from engine.loaders.checkpoint import Checkpoint
+from engine.model.target import TargetModel
+from profiling.metrics import run_time_ns, tau
+from profiling.repeats import stats
 
 DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -115,41 +108,3 @@ def format_rows(rows: list[dict]) -> str:
     lines += [f"{r['budget']:>6} {r['tau']:>6.2f} {r['ms_per_token']:>9.3f} {r['ms_p10']:>8.3f} {r['ms_p90']:>8.3f} "
               f"{r['tokens_per_s']:>9.1f} {r['num_steps']:>5}{'  <- fastest' if r is best else ''}" for r in rows]
     return "\n".join([*lines, verdict(rows)])
-
-
-def _sweep_command(args: argparse.Namespace) -> int:
-    ckpt = opts.load_checkpoint(args)
-    prompt = opts.pick_prompt(args, ckpt)
-    cfg = opts.decode_config(args, ckpt, prompt)
-    spec = opts.drafter_spec(args)
-    budgets = parse_budgets(args.budgets)
-    if args.json is not None:
-        opts.check_output_file(args.json, args.force, "--json")
-
-    def progress(done: int, total: int) -> None:
-        if sys.stderr.isatty():  # a live counter for people; logs get only the table
-            print(f"\rbudget {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
-
-    rows = budget_sweep(ckpt, prompt, cfg, budgets, spec, repeats=args.repeats, on_progress=progress)
-    print(format_rows(rows))
-    if args.json is not None:
-        meta = {"model": str(args.model), "prompt": list(prompt), "decode": cfg.to_dict(), "drafter": spec.settings()
-                | {"name": spec.name}, "repeats": args.repeats}
-        write_atomic(args.json, (json.dumps({**meta, "rows": rows}, indent=2) + "\n").encode())
-        print(f"wrote {args.json}")
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("sweep", help="decode one prompt with DDTree at several budgets: tau and ms/token per B")
-    opts.add_model_args(p)
-    opts.add_prompt_args(p)
-    opts.add_drafter_args(p)
-    opts.add_decode_args(p, budget=False)
-    p.add_argument("--budgets", default=", ".join(map(str, DEFAULT_BUDGETS)),
-                   help="tree budgets to try (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="decodes per budget: the median and its p10-p90 range "
-                                                          "(default 3)")
-    p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
-    p.add_argument("--force", action="store_true", help="overwrite the --json file if it exists")
-    p.set_defaults(func=_sweep_command)

@@ -18,8 +18,7 @@ from itertools import pairwise
 import plotly.graph_objects as go
 
 from engine.records import StepRecord, TreeRecord
-
-from .figures import COLORS, node_hover, node_kind, real_nodes
+from profiling.figures import COLORS, node_hover, node_kind, real_nodes
 
 MAX_SIBLINGS = 7  # boxes beside the spine's node in a ladder row; the rest fold into one box
 FILLS = {"root": "#d9d9d9", "accepted": "#a6dba0", "rejected": "#f6c6c6", "more": "#f0f0f0", "bonus": "#ffe08a"}

@@ -7,13 +7,12 @@ import pathlib
 
 import pytest
 
-REFS = pathlib.Path(__file__).parent / "refs"
-TINY_FIXTURE = REFS / "model_tiny.kdtr"
+TINY_FIXTURE = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint():
-    from engine.kdtr import read_kdtr
+    from engine.loaders.kdtr import read_kdtr
 
     return read_kdtr(TINY_FIXTURE)
 
@@ -22,7 +21,7 @@ def tiny_checkpoint():
 def tiny_target_run(tmp_path_factory):
     """`train-target --preset tiny` on this CPU, as shipped: the real corpus, BPE training included. Returns the
     run directory and what the command printed on stderr."""
-    from engine.__main__ import main
+    from cli.__main__ import main
 
     out = tmp_path_factory.mktemp("tiny-target") / "run"
     err = io.StringIO()  # a session-scoped fixture cannot take capsys

@@ -4,8 +4,8 @@ from __future__ import annotations
 import random
 
 from engine.config import ModelConfig
-from engine.dflash import DFlashConfig
-from engine.dflash.fixtures import kimi_k25_layout
+from engine.loaders.dflash_config import DFlashConfig
+from engine.model.dflash_fixtures import kimi_k25_layout
 
 # RoPE variants the forward is checked under: plain, Kimi-K2.5's YaRN (attention factor 1), and a YaRN whose
 # attention factor is not 1 (factor only) with its ramp inside the positions a test decode reaches.

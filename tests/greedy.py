@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from engine.config import DecodeConfig
+from engine.decoding.sampling import filtered_logits, uniforms
 from engine.records import RunRecord
-from engine.sampling import filtered_logits, uniforms
 
 FLOAT32_NEAR_TIE = 1e-3  # 25x the largest float32 AR-vs-DDTree logit difference measured
 

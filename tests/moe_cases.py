@@ -6,7 +6,7 @@ import random
 import torch
 
 from engine.config import ModelConfig
-from engine.moe import Experts
+from engine.model.moe import Experts
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # max |sparse - reference| over max |reference|
 

@@ -16,15 +16,15 @@ from greedy import assert_greedy_equal
 from streamlit.testing.v1 import AppTest
 
 from engine.config import DTYPES, DecodeConfig
+from engine.decoding.session import decode
 from engine.drafters import REGISTRY
-from engine.kdtr import read_kdtr
-from engine.session import decode
+from engine.loaders.kdtr import read_kdtr
 from profiling.metrics import tokens_per_s
 from profiling.repeats import repeat_stats
 from profiling.sweep import DEFAULT_BUDGETS, verdict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "refs" / "model_tiny.kdtr"
+FIXTURE = ROOT / "models" / "model_tiny.kdtr"
 TIMEOUT = 600  # the first run in a fresh checkout builds the kernels
 
 

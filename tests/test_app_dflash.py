@@ -9,9 +9,9 @@ import pytest
 from dflash_dirs import small_layout
 from test_app import FIXTURE, metric, press, run, shown_tokens, start
 
-from engine.dflash.fixtures import make_dflash_dir
-from engine.dflash.health import check_drafter
-from engine.model import TargetModel
+from engine.model.dflash_fixtures import make_dflash_dir
+from engine.model.target import TargetModel
+from profiling.drafter_health import check_drafter
 
 
 @pytest.fixture()

@@ -12,8 +12,8 @@ import numpy as np
 from test_app import metric, press, run, shown_tokens, start
 
 from engine.config import DecodeConfig
-from engine.kdtr import read_kdtr, write_kdtr
-from engine.session import decode
+from engine.decoding.session import decode
+from engine.loaders.kdtr import read_kdtr, write_kdtr
 from ui import resources, state
 
 

@@ -10,7 +10,7 @@ import pytest
 from test_app import metric, press, run, shown_tokens, start
 
 from engine.config import DecodeConfig
-from engine.session import decode
+from engine.decoding.session import decode
 from profiling.divergence import verdict
 from profiling.metrics import summarize_runs
 from ui.source import FRESH, STEPPED

@@ -13,10 +13,10 @@ from greedy import assert_greedy_equal
 from test_app import metric, press, run, shown_tokens, start
 
 from engine.config import DecodeConfig
-from engine.dflash import dflash_dir_beside
-from engine.loading import load_model
-from engine.session import decode
-from ui.resources import MODELS_DIR, bundled_models
+from engine.decoding.session import decode
+from engine.loaders.dflash_checkpoint import dflash_dir_beside
+from engine.loaders.loading import load_model
+from engine.loaders.shipped import MODELS_DIR, bundled_models
 
 
 @pytest.fixture(scope="module")

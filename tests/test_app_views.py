@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from engine.config import DecodeConfig
+from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
-from engine.session import decode
 from profiling.figures import mask_figure
 from ui.charts import accepted_ranks, distinct_colours, runs_timeline
 from ui.views import PREFILL_COLOUR, path_rows, step_colour, tokens_html

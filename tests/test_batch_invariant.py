@@ -10,14 +10,14 @@ import pytest
 from fake_records import fake_runs
 from test_decode import make_config
 
-from engine.__main__ import main
-from engine.checkpoint import Checkpoint
+from cli import run as run_cli
+from cli.__main__ import main
 from engine.config import DecodeConfig
+from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
-from engine.fixtures import random_weights
-from engine.model import ROW_BLOCK, TargetModel, rowwise
-from engine.session import decode
-from profiling import cli as run_cli
+from engine.loaders.checkpoint import Checkpoint
+from engine.model.fixtures import random_weights
+from engine.model.target import ROW_BLOCK, TargetModel, rowwise
 from profiling.divergence import NEAR_TIE, REAL, classify, tolerance, verdict
 from profiling.metrics import summarize
 

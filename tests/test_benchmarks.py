@@ -177,8 +177,8 @@ def test_time_wall_and_tables():
 def test_the_benchmarks_learned_drafter_has_kimi_k25_widths_on_k2_mini():
     from benchmarks.bench_decode import dflash_layout, k2_mini
     from benchmarks.decode_steps import Plan
-    from engine.dflash.fixtures import kimi_k25_layout
-    from engine.dflash.tensors import tensor_shapes
+    from engine.loaders.dflash_tensors import tensor_shapes
+    from engine.model.dflash_fixtures import kimi_k25_layout
 
     layers = int(np.random.default_rng().integers(1, 7))
     layout = dflash_layout(k2_mini(), Plan(256, (16,), (0.0,), 16, 1, 1, 1, dflash_layers=layers, dflash_block_size=8))

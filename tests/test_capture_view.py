@@ -168,12 +168,12 @@ def test_a_cpu_capture_per_range_equals_key_averages(monkeypatch, tiny_checkpoin
 
 
 def test_the_cli_prints_the_capture_summary(tiny_checkpoint, capsys, monkeypatch):
-    from engine.__main__ import main
+    from cli.__main__ import main
 
     seen = []
     real = capture_view.summary_lines
-    monkeypatch.setattr("profiling.cli.summary_lines", lambda runs, cap: seen.append(real(runs, cap)) or seen[-1])
-    fixture = str(Path(__file__).parent / "refs" / "model_tiny.kdtr")
+    monkeypatch.setattr("cli.run.summary_lines", lambda runs, cap: seen.append(real(runs, cap)) or seen[-1])
+    fixture = str(Path(__file__).parents[1] / "models" / "model_tiny.kdtr")
     assert main(["run", "--fixture", fixture, "--budget", "6", "--block-size", "3", "--max-new", "6", "--profile"]) == 0
     out = capsys.readouterr().out
     assert seen and all(line in out.splitlines() for line in seen[0])

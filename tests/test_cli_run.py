@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from engine.__main__ import main
+from cli.__main__ import main
 from profiling.report import FORMATS
 
-TINY = pathlib.Path(__file__).parent / "refs" / "model_tiny.kdtr"
+TINY = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 
 BASE = ["run", "--fixture", str(TINY), "--max-new", "6", "--budget", "6", "--block-size", "4"]
 
@@ -129,7 +129,7 @@ def test_cuda_without_a_gpu(capsys):
 
 
 def test_without_a_model_the_default_model_runs(capsys):
-    from engine.cli_options import DEFAULT_MODEL
+    from cli.options import DEFAULT_MODEL
 
     assert main(["run", "--max-new", "3", "--budget", "4"]) == 0
     assert "greedy-exact" in capsys.readouterr().out and DEFAULT_MODEL.exists()
@@ -138,7 +138,7 @@ def test_without_a_model_the_default_model_runs(capsys):
 def test_without_plotly_the_run_works_and_reports_fail_up_front(tmp_path):
     """The GPU machine has no plotly: `run` must still import and decode; --report says what is missing."""
     code = ("import sys; sys.modules['plotly'] = None\n"
-            "from engine.__main__ import main\n"
+            "from cli.__main__ import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     base = [sys.executable, "-c", code, *BASE[:3], "--max-new", "3"]
     root = pathlib.Path(__file__).parent.parent
@@ -165,7 +165,7 @@ def test_prompt_text_needs_a_tokenizer_and_reaches_the_reports(tiny_target_run, 
     printed = capsys.readouterr().out
     assert f"prompt: {text!r}" in printed and "AR text: " in printed
     doc = json.loads((out / "report.json").read_text())
-    from engine.text import Tokenizer
+    from engine.loaders.text import Tokenizer
 
     tokenizer = Tokenizer.load(target)
     ar = doc["runs"]["ar"]
@@ -174,7 +174,7 @@ def test_prompt_text_needs_a_tokenizer_and_reaches_the_reports(tiny_target_run, 
     steps = [s for s in doc["steps"] if s["mode"] == "ddtree"]
     assert "".join(s["committed_text"] for s in steps).startswith(tokenizer.decode(steps[0]["committed"]))
     assert main(["run", "--model", str(target), "--max-new", "4"]) == 0, "prompts.json gives the default prompt"
-    from engine.loading import load_model
+    from engine.loaders.loading import load_model
 
     assert "prompt: " + repr(load_model(target).prompt_texts[0]) in capsys.readouterr().out
 
@@ -183,8 +183,8 @@ def test_the_default_drafter_is_the_models_own_dflash_else_the_oracle(tmp_path):
     """Without --drafter: the DFlash directory beside the model, unless an oracle option is given."""
     import argparse
 
-    from engine.cli_options import DEFAULT_MODEL, add_drafter_args, add_model_args, drafter_spec
-    from engine.dflash.checkpoint import dflash_dir_beside
+    from cli.options import DEFAULT_MODEL, add_drafter_args, add_model_args, drafter_spec
+    from engine.loaders.dflash_checkpoint import dflash_dir_beside
 
     parser = argparse.ArgumentParser()
     add_model_args(parser)

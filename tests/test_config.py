@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import reference, rope
 from engine.config import MAX_TOTAL_EXPERTS, ConfigError, DecodeConfig, ModelConfig
-from engine.fixtures import tiny_config
-from engine.hf import HFLoadError
-from engine.hf_config import ARCHITECTURE, config_from_hf, fp8_block_size
-from engine.weights import weight_shapes
+from engine.loaders.hf_config import ARCHITECTURE, config_from_hf, fp8_block_size
+from engine.loaders.hf_import import HFLoadError
+from engine.model import reference, rope
+from engine.model.fixtures import tiny_config
+from engine.model.weights import weight_shapes
 
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
@@ -45,7 +45,7 @@ def test_model_config_rejects_out_of_range(field, value, needle):
 
 
 # Each of these passed the check once and then broke the model (ZeroDivisionError, TypeError, "math domain
-# error", OverflowError in engine/rope.py, the golden model or the torch model) or asked for huge allocations.
+# error", OverflowError in engine/model/rope.py, the golden model or the torch model) or asked for huge allocations.
 BROKE_THE_MODEL = {
     "rope_theta 1 with YaRN": ({"rope_theta": 1.0, "rope_scaling": YARN}, r"rope_theta=1\.0 .*\(1, 1e\+12\]"),
     "beta_fast a string": ({"rope_scaling": {**YARN, "beta_fast": "x"}}, "rope_scaling.beta_fast='x'"),

@@ -1,4 +1,4 @@
-"""engine.corpus: the standard-library corpus, its stable hash split, directory corpora, and held-out prompts."""
+"""engine.training.corpus: the standard-library corpus, its stable hash split, directory corpora, and held-out prompts."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.corpus import (
+from engine.loaders.text import train_bpe
+from engine.training.corpus import (
     HELD_OUT_SHARE,
     STDLIB_EXCLUDED_DIRS,
     CorpusError,
@@ -18,7 +19,6 @@ from engine.corpus import (
     split_of,
     stdlib_corpus,
 )
-from engine.text import train_bpe
 
 
 @pytest.fixture(scope="module")

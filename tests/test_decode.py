@@ -8,16 +8,16 @@ from greedy import FLOAT32_NEAR_TIE, assert_greedy_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import reference
-from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig, ModelConfig
-from engine.decode import ARDecoder, DDTreeDecoder, DecodeError
+from engine.decoding.decoder import ARDecoder, DDTreeDecoder, DecodeError
+from engine.decoding.session import decode, make_decoder, parse_prompt
 from engine.drafters import DrafterSpec
 from engine.drafters.oracle import OracleDrafter
-from engine.fixtures import random_weights
-from engine.model import TargetModel
+from engine.loaders.checkpoint import Checkpoint
+from engine.model import reference
+from engine.model.fixtures import random_weights
+from engine.model.target import TargetModel
 from engine.records import RunRecord, StepRecord
-from engine.session import decode, make_decoder, parse_prompt
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from engine.config import DecodeConfig
+from engine.decoding.session import decode, make_decoder
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
-from engine.session import decode, make_decoder
+from engine.model.target import TargetModel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 

@@ -12,10 +12,10 @@ import torch
 from dflash_dirs import small_layout
 from safetensors.torch import save_file
 
-from engine.dflash import DFlashLoadError, build_target_layer_ids, dflash_dir_beside, load_tensors, read_dflash_dir
-from engine.dflash.config import config_from_json, config_to_json
-from engine.dflash.fixtures import kimi_k25_layout, make_dflash_dir, random_tensors
-from engine.dflash.tensors import tensor_shapes
+from engine.loaders.dflash_checkpoint import dflash_dir_beside, load_tensors, read_dflash_dir
+from engine.loaders.dflash_config import DFlashLoadError, build_target_layer_ids, config_from_json, config_to_json
+from engine.loaders.dflash_tensors import tensor_shapes
+from engine.model.dflash_fixtures import kimi_k25_layout, make_dflash_dir, random_tensors
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""`--drafter dflash --drafter-model DIR` through `python -m engine` run, sweep and verify (engine.__main__.main),
+"""`--drafter dflash --drafter-model DIR` through `python -m engine` run, sweep and verify (cli.__main__.main),
 on the tiny target with a random DFlash drafter in tmp_path, and the command-line errors."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pathlib
 import pytest
 from dflash_dirs import small_layout
 
-from engine.__main__ import main
-from engine.dflash.fixtures import make_dflash_dir
+from cli.__main__ import main
+from engine.model.dflash_fixtures import make_dflash_dir
 
-TINY = pathlib.Path(__file__).parent / "refs" / "model_tiny.kdtr"
+TINY = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 
 
 @pytest.fixture()

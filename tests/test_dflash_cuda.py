@@ -7,13 +7,13 @@ import pytest
 import torch
 from dflash_dirs import small_layout
 
-from engine import reference
 from engine.config import DecodeConfig
-from engine.dflash import reference as dflash_reference
-from engine.dflash.fixtures import make_dflash_dir, random_tensors
+from engine.decoding.session import decode, make_decoder
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
-from engine.session import decode, make_decoder
+from engine.model import dflash_reference as dflash_reference
+from engine.model import reference
+from engine.model.dflash_fixtures import make_dflash_dir, random_tensors
+from engine.model.target import TargetModel
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 SEED = 7

@@ -13,11 +13,11 @@ from dflash_dirs import ROPES, small_layout
 from greedy import assert_greedy_equal, assert_sampled_equal
 
 from engine.config import DecodeConfig
-from engine.dflash import DFlashLoadError
-from engine.dflash.fixtures import make_dflash_dir
+from engine.decoding.session import decode, make_decoder
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
-from engine.session import decode, make_decoder
+from engine.loaders.dflash_config import DFlashLoadError
+from engine.model.dflash_fixtures import make_dflash_dir
+from engine.model.target import TargetModel
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The DFlash forward against its numpy float64 golden model (engine/dflash/reference.py): the first draft and
+"""The DFlash forward against its numpy float64 golden model (engine/model/dflash_reference.py): the first draft and
 the drafts after partial accepted paths, fed synthetic hidden states and, inside a Decoder, the target's own;
 and the drafter's RoPE against transformers' Qwen3 rotary embedding."""
 from __future__ import annotations
@@ -10,16 +10,16 @@ import pytest
 import torch
 from dflash_dirs import ROPES, small_layout
 
-from engine import reference
 from engine.config import DecodeConfig
-from engine.dflash import DFlashWeights
-from engine.dflash import reference as dflash_reference
-from engine.dflash.fixtures import make_dflash_dir, random_tensors
+from engine.decoding.session import make_decoder
 from engine.drafters import DrafterSpec
 from engine.drafters.dflash import DFlashDrafter, context_capacity
-from engine.model import TargetModel
-from engine.rope import attention_factor, cos_sin
-from engine.session import make_decoder
+from engine.model import dflash_reference as dflash_reference
+from engine.model import reference
+from engine.model.dflash import DFlashWeights
+from engine.model.dflash_fixtures import make_dflash_dir, random_tensors
+from engine.model.rope import attention_factor, cos_sin
+from engine.model.target import TargetModel
 
 TOLERANCE = 1e-4  # float32 engine vs float64 reference, on log-probabilities
 

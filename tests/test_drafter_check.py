@@ -1,4 +1,4 @@
-"""Drafter health (engine/dflash/health.py, `python -m engine drafter-check`): each check on crafted cases (a
+"""Drafter health (profiling/drafter_health.py, `python -m engine drafter-check`): each check on crafted cases (a
 shifted layer list, a zeroed mask row, RoPE tables that do not follow the config, an ambiguous YaRN amplitude,
 another block size or target depth) and the command's output and exit status."""
 from __future__ import annotations
@@ -10,11 +10,13 @@ import random
 import pytest
 from dflash_dirs import small_layout
 
-from engine.__main__ import main
+from cli.__main__ import main
 from engine.config import DecodeConfig
-from engine.dflash import DFlashLoadError
-from engine.dflash.fixtures import make_dflash_dir
-from engine.dflash.health import (
+from engine.loaders.dflash_config import DFlashLoadError
+from engine.model.dflash_fixtures import make_dflash_dir
+from engine.model.rope import cos_sin
+from engine.model.target import TargetModel
+from profiling.drafter_health import (
     OK,
     WARN,
     block_check,
@@ -24,8 +26,6 @@ from engine.dflash.health import (
     mask_check,
     rope_check,
 )
-from engine.model import TargetModel
-from engine.rope import cos_sin
 
 DECODE = DecodeConfig(budget=48, block_size=8, max_new_tokens=10)
 
@@ -124,7 +124,7 @@ def test_block_size_and_depth_checks(tiny_checkpoint):
 def test_the_command_prints_every_check_and_exits_by_the_verdicts(tiny_checkpoint, tmp_path, capsys):
     cfg = small_layout(tiny_checkpoint.config, "plain", target_layer_ids=(0, 1, 2))
     root = make_dflash_dir(tmp_path / "d", cfg)
-    base = ["drafter-check", "--fixture", "tests/refs/model_tiny.kdtr", "--drafter-model", str(root), "--max-new", "8"]
+    base = ["drafter-check", "--fixture", "models/model_tiny.kdtr", "--drafter-model", str(root), "--max-new", "8"]
     assert main([*base, "--tree", "chain"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"drafter-check: {root} on model_tiny.kdtr, chain, block size 8, 8 tokens")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine import reference
 from engine.config import ConfigError, DecodeConfig
-from engine.decode import DecodeError, Decoder
+from engine.decoding.decoder import DecodeError, Decoder
+from engine.decoding.session import decode, make_decoder
 from engine.drafters import REGISTRY, DrafterSpec
-from engine.model import TargetModel
-from engine.session import decode, make_decoder
+from engine.model import reference
+from engine.model.target import TargetModel
 from profiling.metrics import tau
 
 

@@ -6,8 +6,8 @@ import random
 import numpy as np
 
 from engine.config import DecodeConfig
+from engine.decoding.session import decode_runs
 from engine.drafters import DrafterSpec
-from engine.session import decode_runs
 from profiling.expert_chart import expert_figure, expert_rows
 
 

@@ -1,4 +1,4 @@
-"""The five exports, on synthetic runs and on real decodes (AR, chain, DDTree) of tests/refs/model_tiny.kdtr."""
+"""The five exports, on synthetic runs and on real decodes (AR, chain, DDTree) of models/model_tiny.kdtr."""
 from __future__ import annotations
 
 import csv
@@ -28,7 +28,7 @@ from profiling.schema import REPORT_SCHEMA
 
 @pytest.fixture(scope="module")
 def real_runs(tiny_checkpoint):
-    from engine.session import decode_runs
+    from engine.decoding.session import decode_runs
 
     cfg = DecodeConfig(budget=random.randint(4, 24), block_size=random.randint(3, 8), max_new_tokens=12)
     return decode_runs(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg,

@@ -1,7 +1,7 @@
 """Hugging Face import, cross-checked against transformers' DeepseekV3ForCausalLM on tiny random models.
 
 Each config is built with transformers, given larger random weights (peaked logits) and a non-zero
-e_score_correction_bias, saved with save_pretrained, and loaded by engine.hf. Then: our numpy reference vs
+e_score_correction_bias, saved with save_pretrained, and loaded by engine.loaders.hf_import. Then: our numpy reference vs
 transformers in float64, our torch model vs transformers in float32, and greedy tokens of transformers'
 generate vs our AR and our DDTree decoders.
 """
@@ -23,16 +23,16 @@ import transformers.models.deepseek_v3.modeling_deepseek_v3 as hf_deepseek
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-from engine import reference, rope
-from engine.__main__ import main as cli_main
-from engine.checkpoint import Checkpoint
+from cli.__main__ import main as cli_main
 from engine.config import DecodeConfig
+from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
-from engine.hf import HFLoadError, read_hf_dir
-from engine.hf_config import ARCHITECTURE, HF_DEFAULTS, config_from_hf
-from engine.kdtr import read_kdtr, write_kdtr
-from engine.loading import ModelLoadError, load_model
-from engine.session import decode
+from engine.loaders.checkpoint import Checkpoint
+from engine.loaders.hf_config import ARCHITECTURE, HF_DEFAULTS, config_from_hf
+from engine.loaders.hf_import import HFLoadError, read_hf_dir
+from engine.loaders.kdtr import read_kdtr, write_kdtr
+from engine.loaders.loading import ModelLoadError, load_model
+from engine.model import reference, rope
 
 BASE = dict(
     vocab_size=96, hidden_size=48, intermediate_size=80, moe_intermediate_size=16, num_hidden_layers=3,

@@ -1,7 +1,7 @@
 """Fuzzing the Hugging Face loader: crafted config.json, index and safetensors headers on a tiny sharded model.
 
 Every case is either an HFLoadError that names a file of the model directory, or a load whose every tensor then
-reads with the shape engine.weights gives it, from shards inside the directory (a copy of a shard waits just
+reads with the shape engine.model.weights gives it, from shards inside the directory (a copy of a shard waits just
 outside it, for an index that points there). The kdtr fuzz test (tests/test_kdtr.py) is its counterpart.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from hf_dirs import INDEX, write_hf_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.fixtures import random_weights, tiny_config
-from engine.hf import HFLoadError, read_hf_dir
-from engine.hf_config import FIXED_KEYS, HF_DEFAULTS
-from engine.weights import weight_shapes
+from engine.loaders.hf_config import FIXED_KEYS, HF_DEFAULTS
+from engine.loaders.hf_import import HFLoadError, read_hf_dir
+from engine.model.fixtures import random_weights, tiny_config
+from engine.model.weights import weight_shapes
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 FILES = ("config.json", INDEX, *SHARDS)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from hf_dirs import INDEX, hf_config, write_hf_dir
 
-from engine import hf_plan
-from engine.__main__ import main as cli_main
-from engine.fixtures import random_weights, tiny_config
-from engine.hf import HFLoadError, read_hf_dir
+from cli.__main__ import main as cli_main
+from engine.loaders import hf_plan
+from engine.loaders.hf_import import HFLoadError, read_hf_dir
+from engine.model.fixtures import random_weights, tiny_config
 
 SHARD = "model-00001-of-00002.safetensors"
 

@@ -15,16 +15,16 @@ import torch
 from hf_dirs import dequantize_blocks, is_quantized, write_hf_dir
 from safetensors.torch import load_file, save_file
 
-from engine.__main__ import main as cli_main
-from engine.checkpoint import Checkpoint
+from cli.__main__ import main as cli_main
 from engine.config import DecodeConfig
+from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
-from engine.fixtures import random_weights, tiny_config
-from engine.hf import HFLoadError, read_hf_dir
-from engine.kdtr import read_kdtr
-from engine.model import TargetModel
-from engine.session import decode
-from engine.weights import weight_shapes
+from engine.loaders.checkpoint import Checkpoint
+from engine.loaders.hf_import import HFLoadError, read_hf_dir
+from engine.loaders.kdtr import read_kdtr
+from engine.model.fixtures import random_weights, tiny_config
+from engine.model.target import TargetModel
+from engine.model.weights import weight_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCKS = [(128, 128), (16, 24)]  # DeepSeek-V3's blocks; and blocks that split the tiny matrices unevenly
@@ -133,7 +133,7 @@ def test_fp8_checkpoints_that_do_not_add_up_are_refused(tmp_path, case):
 
 _PEAK_RSS = textwrap.dedent("""
     import json, sys, torch
-    from engine.hf import read_hf_dir
+    from engine.loaders.hf_import import read_hf_dir
 
     def status(key):
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))

@@ -13,14 +13,14 @@ import safetensors.numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.checkpoint import Checkpoint
 from engine.config import ModelConfig
-from engine.fixtures import random_weights
-from engine.kdtr import KdtrError, encode_kdtr, read_kdtr, write_kdtr
-from engine.reference import greedy_generate
-from engine.weights import weight_shapes
+from engine.loaders.checkpoint import Checkpoint
+from engine.loaders.kdtr import KdtrError, encode_kdtr, read_kdtr, write_kdtr
+from engine.model.fixtures import random_weights
+from engine.model.reference import greedy_generate
+from engine.model.weights import weight_shapes
 
-TINY_FIXTURE = pathlib.Path(__file__).parent / "refs" / "model_tiny.kdtr"
+TINY_FIXTURE = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 FIXTURE_BYTES = TINY_FIXTURE.read_bytes()
 
 

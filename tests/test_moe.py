@@ -17,14 +17,14 @@ import torch.nn.functional as F
 from greedy import assert_greedy_equal
 from moe_cases import TOLERANCE, moe_config, random_experts, relative_error
 
-from engine import reference
-from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig, ModelConfig
-from engine.decode import ARDecoder
+from engine.decoding.decoder import ARDecoder
+from engine.decoding.session import decode, decode_runs, make_decoder
 from engine.drafters import DrafterSpec
-from engine.fixtures import random_weights
-from engine.model import ROW_BLOCK, TargetModel
-from engine.moe import (
+from engine.loaders.checkpoint import Checkpoint
+from engine.model import reference
+from engine.model.fixtures import random_weights
+from engine.model.moe import (
     CPU_SPARSE_MIN_BYTES,
     ExpertLoad,
     Experts,
@@ -35,8 +35,8 @@ from engine.moe import (
     sparse_moe,
     stack_experts,
 )
-from engine.session import decode, decode_runs, make_decoder
-from engine.weights import weight_shapes
+from engine.model.target import ROW_BLOCK, TargetModel
+from engine.model.weights import weight_shapes
 from profiling import metrics, report
 from profiling.schema import REPORT_SCHEMA
 
@@ -88,7 +88,7 @@ def test_sparse_equals_dense_and_a_per_token_loop(dtype):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_each_ranks_experts_sum_to_the_whole_layer(world):
-    """Expert parallelism (engine/parallel.py): the ranks' outputs over their own experts (local_routing) add up to
+    """Expert parallelism (engine/model/parallel.py): the ranks' outputs over their own experts (local_routing) add up to
     the whole layer's, in every path (a skipped assignment's row is never computed and adds nothing)."""
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     num, hidden, inter = world * int(torch.randint(1, 6, (), generator=gen)), 16, 8
@@ -147,7 +147,7 @@ def expert_free_stream(cfg: ModelConfig, arrays: dict[str, np.ndarray], live: li
         if ".experts." in name:
             live.append(weakref.ref(tensor))
         yield name, tensor
-        del tensor  # a source keeps nothing it has handed over (as engine.hf_weights does)
+        del tensor  # a source keeps nothing it has handed over (as engine.loaders.hf_weights does)
 
 
 def test_stacking_copies_each_expert_into_place_and_frees_it_on_arrival():
@@ -219,7 +219,7 @@ def counter_model(seed: int, moe: str, dtype: str = "float32") -> tuple[Checkpoi
 @pytest.mark.parametrize("moe", ["sparse", "dense"])
 def test_the_counter_equals_the_golden_routings_distinct_experts(moe):
     """After a prefill the counter holds, per MoE layer, the distinct experts the golden model's routing chose for
-    the prompt's tokens (float64, engine/reference.py), in the fast mode and in blocks padded with zero rows."""
+    the prompt's tokens (float64, engine/model/reference.py), in the fast mode and in blocks padded with zero rows."""
     seed = random.randrange(2**31)
     ckpt, model = counter_model(seed, moe)
     cfg = ckpt.config

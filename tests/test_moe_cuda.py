@@ -9,13 +9,13 @@ import pytest
 import torch
 from moe_cases import TOLERANCE, moe_config, random_experts, relative_error
 
-from engine.checkpoint import Checkpoint
 from engine.config import DecodeConfig
+from engine.decoding.session import decode, make_decoder
 from engine.drafters import DrafterSpec
-from engine.fixtures import random_weights
-from engine.model import ROW_BLOCK, TargetModel
-from engine.moe import Experts, dense_moe, sparse_moe
-from engine.session import decode, make_decoder
+from engine.loaders.checkpoint import Checkpoint
+from engine.model.fixtures import random_weights
+from engine.model.moe import Experts, dense_moe, sparse_moe
+from engine.model.target import ROW_BLOCK, TargetModel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 

@@ -1,4 +1,4 @@
-"""Tensor and expert parallelism on the CPU with gloo (engine/parallel.py): 2 and 4 processes on this machine.
+"""Tensor and expert parallelism on the CPU with gloo (engine/model/parallel.py): 2 and 4 processes on this machine.
 
 Each rank holds H / W heads and E / W experts; the sharded forward's logits equal the single-process forward's,
 every rank builds, accepts and commits the same trees, and DDTree == AR token for token, greedy and sampled."""
@@ -19,13 +19,13 @@ from greedy import assert_greedy_equal, assert_sampled_equal
 from masks import block_mask
 from tolerance import assert_close_at_scale
 
-from engine.cache import LatentCache
 from engine.config import DecodeConfig
+from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
-from engine.kdtr import read_kdtr
-from engine.model import TargetModel
-from engine.parallel import ParallelError, Shard, current_shard
-from engine.session import decode
+from engine.loaders.kdtr import read_kdtr
+from engine.model.cache import LatentCache
+from engine.model.parallel import ParallelError, Shard, current_shard
+from engine.model.target import TargetModel
 
 # float32, of the largest logit (tests/tolerance.py): the ranks' partial sums add up in another order than one
 # matmul's (measured: up to 1.6e-5 absolute with logits up to 12, so 1.3e-6 of the scale)
@@ -99,7 +99,7 @@ def _nccl_rank_main(rank: int, world: int, rendezvous: str, seed: int) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
-        from engine.decode import ARDecoder, Decoder
+        from engine.decoding.decoder import ARDecoder, Decoder
         from engine.drafters.oracle import OracleDrafter
 
         ckpt = read_kdtr(TINY_FIXTURE)

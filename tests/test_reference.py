@@ -1,4 +1,4 @@
-"""Invariants of the numpy golden model (engine/reference.py) and the committed tiny fixture."""
+"""Invariants of the numpy golden model (engine/model/reference.py) and the committed tiny fixture."""
 from __future__ import annotations
 
 import ast
@@ -8,13 +8,13 @@ import pathlib
 import numpy as np
 import pytest
 
-from engine import reference
-from engine.fixtures import make_fixture, random_weights, tiny_config
-from engine.kdtr import encode_kdtr
-from engine.reference import forward_logits, greedy_generate, route, run_model
-from engine.weights import weight_shapes
+from engine.loaders.kdtr import encode_kdtr
+from engine.model import reference
+from engine.model.fixtures import make_fixture, random_weights, tiny_config
+from engine.model.reference import forward_logits, greedy_generate, route, run_model
+from engine.model.weights import weight_shapes
 
-TINY_FIXTURE = pathlib.Path(__file__).parent / "refs" / "model_tiny.kdtr"
+TINY_FIXTURE = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
         "mscale_all_dim": 0.7, "beta_fast": 32, "beta_slow": 1}
 

@@ -11,9 +11,9 @@ import jsonschema
 import numpy as np
 import pytest
 
-from engine.__main__ import main
+from cli.__main__ import main
 from engine.config import DecodeConfig
-from engine.session import decode
+from engine.decoding.session import decode
 from profiling import report
 from profiling.metrics import run_time_ns, tokens_per_s
 from profiling.repeats import (
@@ -67,7 +67,7 @@ def test_repeated_runs_summarised(tiny_checkpoint):
 
 
 def test_run_repeats_prints_the_statistics_and_rejects_bad_counts(capsys):
-    fixture = "tests/refs/model_tiny.kdtr"
+    fixture = "models/model_tiny.kdtr"
     assert main(["run", "--fixture", fixture, "--repeats", "2", "--budget", "8"]) == 0
     out = capsys.readouterr()
     lines = [line.split() for line in out.out.splitlines()]
@@ -107,7 +107,7 @@ def test_the_reports_carry_the_statistics_of_every_repeat(tiny_checkpoint, tmp_p
 
 
 def test_run_repeats_writes_its_statistics_into_the_reports(tmp_path, capsys):
-    assert main(["run", "--fixture", "tests/refs/model_tiny.kdtr", "--repeats", "2", "--budget", "6",
+    assert main(["run", "--fixture", "models/model_tiny.kdtr", "--repeats", "2", "--budget", "6",
                  "--report", str(tmp_path)]) == 0
     capsys.readouterr()
     doc = json.loads((tmp_path / "report.json").read_bytes())

@@ -12,10 +12,10 @@ import pytest
 from recordings import as_json, assert_same_run, record
 
 from engine.config import DecodeConfig
+from engine.decoding.session import decode_runs
 from engine.drafters import DrafterSpec
-from engine.loading import load_model
-from engine.session import decode_runs
-from engine.text import TokenizerError
+from engine.loaders.loading import load_model
+from engine.loaders.text import TokenizerError
 from profiling import report, report_reader
 from profiling.capture import capture_runs
 from profiling.metrics import summarize_runs, tokens_per_s, top2_gaps

@@ -10,10 +10,10 @@ import random
 import pytest
 from fake_records import fake_runs
 
-from engine.__main__ import main
+from cli.__main__ import main
 from profiling import report
 
-TINY = pathlib.Path(__file__).parent / "refs" / "model_tiny.kdtr"
+TINY = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 
 
 def old_set(directory: pathlib.Path) -> dict[str, bytes]:

@@ -11,14 +11,14 @@ import torch
 from greedy import assert_sampled_equal
 from test_drafters import ProbeDrafter
 
-from engine.__main__ import main
+from cli.__main__ import main
 from engine.config import ConfigError, DecodeConfig
-from engine.decode import Decoder
+from engine.decoding.decoder import Decoder
+from engine.decoding.node_probs import node_probs
+from engine.decoding.sampling import bits_to_uniforms, filtered_logits, pick, probabilities, uniforms
+from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
-from engine.node_probs import node_probs
-from engine.sampling import bits_to_uniforms, filtered_logits, pick, probabilities, uniforms
-from engine.session import decode
+from engine.model.target import TargetModel
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from engine.__main__ import main
+from cli.__main__ import main
 from engine.config import ConfigError, DecodeConfig
+from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
-from engine.session import decode
+from engine.model.target import TargetModel
 from profiling.metrics import tau
 from profiling.sweep import budget_sweep, format_rows, parse_budgets, ties, verdict, winner
 

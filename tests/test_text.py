@@ -1,4 +1,4 @@
-"""engine.text: the byte-level BPE tokenizer round-trips any text, renders pieces visibly, trains
+"""engine.loaders.text: the byte-level BPE tokenizer round-trips any text, renders pieces visibly, trains
 deterministically, and refuses bad files and ids with errors that name them."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.text import END_OF_TEXT, TOKENIZER_FILE, Tokenizer, TokenizerError, train_bpe
+from engine.loaders.text import END_OF_TEXT, TOKENIZER_FILE, Tokenizer, TokenizerError, train_bpe
 
 ODD_TEXT = "def f(x):\n\treturn x  # ok\r\n\u00a0naïve 漢字 e\u0301 😀\u2028\u200b\x00\x7f שלום\ufeff"
 ALPHABET = st.sampled_from(list(" \t\n\r\x0b\x0c\u00a0\u2028\u2029\u200b\ufeff\x00\x7f") + list("abcXYZ019_(){}:#'\"")

@@ -15,15 +15,15 @@ import torch
 from greedy import assert_greedy_equal
 from test_train_target import module_with_weights, saved_and_loaded, variant_config
 
-from engine.__main__ import main
+from cli.__main__ import main
 from engine.config import DecodeConfig
-from engine.dflash import load_tensors, read_dflash_dir
-from engine.dflash.config import DFlashConfig
-from engine.dflash.model import DFlashModel, DFlashWeights
+from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
-from engine.session import decode
-from engine.text import Tokenizer
+from engine.loaders.dflash_checkpoint import load_tensors, read_dflash_dir
+from engine.loaders.dflash_config import DFlashConfig
+from engine.loaders.text import Tokenizer
+from engine.model.dflash import DFlashModel, DFlashWeights
+from engine.model.target import TargetModel
 from engine.training.drafter_model import DrafterLM, block_loss
 from engine.training.drafter_recipe import DRAFTER_PRESETS
 
@@ -107,7 +107,7 @@ def test_tiny_drafter_learns_and_drafts_inside_the_engine(tiny_drafter):
     ckpt = read_dflash_dir(out)
     assert ckpt.config.block_size == recipe.block_size and ckpt.config.mask_token_id == Tokenizer.load(
         target).end_of_text_id
-    from engine.loading import load_model
+    from engine.loaders.loading import load_model
 
     model_ckpt = load_model(target)
     tokenizer = Tokenizer.load(target)

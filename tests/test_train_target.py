@@ -1,7 +1,7 @@
 """The trainable target (engine/training) against the engine, and `train-target` end to end on the CPU.
 
 The module's float32 logits must equal the numpy golden model's and the engine's absorbed-MLA model's on the
-checkpoint it saves (loaded by engine.hf, no conversion), its hidden states transformers' numbering, and its
+checkpoint it saves (loaded by engine.loaders.hf_import, no conversion), its hidden states transformers' numbering, and its
 batched cached greedy generation the engine's AR decode. Then the tiny recipe trains, saves, loads in the
 engine and decodes; a paused and resumed run equals an uninterrupted one; bad options fail clearly.
 """
@@ -20,23 +20,23 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine import reference
-from engine.__main__ import main as cli_main
-from engine.cache import LatentCache
+from cli.__main__ import main as cli_main
 from engine.config import DecodeConfig, ModelConfig
-from engine.fixtures import random_weights, tiny_config
-from engine.hf import read_hf_dir
-from engine.loading import load_model
-from engine.model import TargetModel
-from engine.session import decode
-from engine.text import Tokenizer
+from engine.decoding.session import decode
+from engine.loaders.hf_import import read_hf_dir
+from engine.loaders.loading import load_model
+from engine.loaders.text import Tokenizer
+from engine.model import reference
+from engine.model.cache import LatentCache
+from engine.model.fixtures import random_weights, tiny_config
+from engine.model.target import TargetModel
+from engine.model.weights import weight_shapes
 from engine.training.data import WindowSampler, eval_windows
 from engine.training.export import save_hf_dir
 from engine.training.generate import distinct_ngram_rate, greedy_generate
 from engine.training.loop import Trainer
 from engine.training.recipe import PRESETS
 from engine.training.target_model import TargetLM, update_router_biases
-from engine.weights import weight_shapes
 from tests.greedy import assert_greedy_equal
 from tests.tolerance import assert_close_at_scale
 

@@ -5,12 +5,12 @@ import dataclasses
 
 import numpy as np
 
-from engine.__main__ import main
-from engine.kdtr import write_kdtr
+from cli.__main__ import main
+from engine.loaders.kdtr import write_kdtr
 
 
 def test_verify_passes_on_the_bundled_fixture(capsys, tiny_checkpoint):
-    assert main(["verify", "--fixture", "tests/refs/model_tiny.kdtr"]) == 0
+    assert main(["verify", "--fixture", "models/model_tiny.kdtr"]) == 0
     out = capsys.readouterr().out.splitlines()
     golden = " ".join(map(str, tiny_checkpoint.golden_tokens))
     assert out[0] == f"golden : {golden}" and out[1] == f"ar     : {golden}" and out[2] == f"ddtree : {golden}"

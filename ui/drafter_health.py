@@ -1,10 +1,10 @@
-"""The Profile page's drafter-health panel: engine.dflash.health's checks of the sidebar's DFlash drafter on the
+"""The Profile page's drafter-health panel: profiling.drafter_health's checks of the sidebar's DFlash drafter on the
 sidebar's target, prompt and decode settings, run on request (each check decodes the prompt again)."""
 from __future__ import annotations
 
 import streamlit as st
 
-from engine.dflash.health import OK, check_drafter
+from profiling.drafter_health import OK, check_drafter
 from ui import recorded, resources
 from ui.settings import Settings, checkpoint
 from ui.state import show_error

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.checkpoint import Checkpoint
-from engine.session import parse_prompt
+from engine.decoding.session import parse_prompt
+from engine.loaders.checkpoint import Checkpoint
 
 TEXT, FIXTURE, IDS = "text", "fixture prompt", "token ids"
 

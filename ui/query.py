@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from engine.cli_options import TREES
 from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MAX_POSITIONS, MAX_TEMPERATURE, MIN_BLOCK_SIZE
 from engine.drafters import REGISTRY
+from engine.loaders.shipped import bundled_models
+from engine.records import TREES
 from ui import prompt, resources
 
 
@@ -72,7 +73,7 @@ FIELDS: dict[str, Callable[[str], object]] = {
 def _restore_model(name: str) -> str | None:
     """Select the linked model: a shipped one by name, or a path on this server loaded again; returns why not."""
     ss = st.session_state
-    if name in resources.bundled_models():
+    if name in bundled_models():
         ss.model = name
         return None
     try:
@@ -98,7 +99,7 @@ def restore() -> None:
         problem = _restore_model(params["model"])
         if problem:
             problems.append(problem)
-    ss.setdefault("model", next(iter(resources.bundled_models())))
+    ss.setdefault("model", next(iter(bundled_models())))
     for key, parse in FIELDS.items():
         if key not in params:
             continue

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from engine.cli_options import TREES
 from engine.drafters import REGISTRY, DrafterSpec
-from engine.records import MODE_LABELS
+from engine.records import MODE_LABELS, TREES
 from profiling.replay import Replay
 from profiling.report_reader import Recording, ReportReadError, read_report, read_report_file
 from ui.settings import Settings

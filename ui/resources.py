@@ -14,14 +14,10 @@ import time
 
 import streamlit as st
 
-from engine.checkpoint import Checkpoint
-from engine.kdtr import read_kdtr
-from engine.loading import load_model
-from engine.model import TargetModel
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-MODELS_DIR = ROOT / "models"
-FIXTURES_DIR = ROOT / "tests" / "refs"
+from engine.loaders.checkpoint import Checkpoint
+from engine.loaders.kdtr import read_kdtr
+from engine.loaders.loading import load_model
+from engine.model.target import TargetModel
 
 
 @dataclasses.dataclass(slots=True)
@@ -66,13 +62,6 @@ def load_kernels() -> None:
 
     kernel_build().thread.join()
     kernels.load()
-
-
-def bundled_models() -> dict[str, pathlib.Path]:
-    """The shipped models by name, the default first: every directory under models/ with a config.json (a
-    trained target with its tokenizer and prompts), then the fixtures in tests/refs/*.kdtr."""
-    dirs = sorted(path.parent for path in MODELS_DIR.glob("*/config.json"))
-    return {path.name: path for path in [*dirs, *sorted(FIXTURES_DIR.glob("*.kdtr"))]}
 
 
 def identity(path: str | pathlib.Path) -> str:

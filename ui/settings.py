@@ -7,12 +7,13 @@ from dataclasses import dataclass
 import streamlit as st
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.cli_options import TREES
 from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MAX_TEMPERATURE, MIN_BLOCK_SIZE, DecodeConfig
-from engine.dflash import check_fits, dflash_dir_beside, read_dflash_dir
-from engine.dflash.fit import block_size_note
 from engine.drafters import REGISTRY, DrafterSpec
+from engine.loaders.checkpoint import Checkpoint
+from engine.loaders.dflash_checkpoint import dflash_dir_beside, read_dflash_dir
+from engine.loaders.dflash_fit import block_size_note, check_fits
+from engine.loaders.shipped import bundled_models
+from engine.records import TREES
 from ui import prompt as prompt_input
 from ui import resources
 
@@ -29,7 +30,7 @@ class Settings:
     model_id: str  # the checkpoint's identity (resources.identity): a replaced file is another model
     prompt: tuple[int, ...]
     drafter: DrafterSpec
-    tree: str  # a cli_options.TREES key: which speculative modes run beside AR
+    tree: str  # an engine.records.TREES key: which speculative modes run beside AR
     budget: int
     block_size: int
     max_new_tokens: int
@@ -64,7 +65,7 @@ def model_id(model: str) -> str:
     """The identity of the checkpoint behind a sidebar model name (resources.identity; an upload's content
     hash): the key of the model caches."""
     ids = st.session_state.model_ids
-    return ids[model] if model in ids else resources.identity(resources.bundled_models()[model])
+    return ids[model] if model in ids else resources.identity(bundled_models()[model])
 
 
 def checkpoint(model: str) -> Checkpoint:
@@ -72,7 +73,7 @@ def checkpoint(model: str) -> Checkpoint:
     uploads = st.session_state.uploads
     if model in uploads:
         return uploads[model]
-    return resources.bundled_checkpoint(str(resources.bundled_models()[model]), model_id(model))
+    return resources.bundled_checkpoint(str(bundled_models()[model]), model_id(model))
 
 
 def _on_upload() -> None:
@@ -117,16 +118,16 @@ def _sentence(exc: Exception) -> str:
 
 def _model() -> str:
     st.header("Model")
-    names = [*resources.bundled_models(), *st.session_state.uploads]
+    names = [*bundled_models(), *st.session_state.uploads]
     model = st.selectbox("Checkpoint", names, key="model",
                          help="The models under models/ (the first is the default), the fixtures in tests/refs, "
                               "then your uploads and paths.")
     st.file_uploader("Upload a .kdtr", type=["kdtr"], key="upload", on_change=_on_upload,
-                     help="Validated by the same loader as the CLI (engine.kdtr.read_kdtr).")
+                     help="Validated by the same loader as the CLI (engine.loaders.kdtr.read_kdtr).")
     st.text_input("Or load a path", key="model_path", on_change=_on_path,
                   placeholder="model.kdtr or a Hugging Face directory",
                   help="A .kdtr file or a Hugging Face DeepSeek-V3 / Kimi-K2 directory (config.json + safetensors) "
-                       "on this server, loaded by engine.loading.load_model, as `run --model` does.")
+                       "on this server, loaded by engine.loaders.loading.load_model, as `run --model` does.")
     if st.session_state.upload_error:
         st.error(f"{st.session_state.upload_error} Still using {model}.")
     return model
@@ -135,7 +136,7 @@ def _model() -> str:
 def _drafter() -> DrafterSpec | None:
     """The drafter and the settings its registry entry reads; None (with the error shown) while they are bad. A
     drafter checkpoint box left empty, or still holding the last directory filled in for another target, is
-    filled with the DFlash directory beside the target (engine.dflash.dflash_dir_beside), if it has one. A
+    filled with the DFlash directory beside the target (engine.loaders.dflash_checkpoint.dflash_dir_beside), if it has one. A
     checkpoint is checked as it is typed: the loader's and the fit's errors show here, and decoding waits."""
     st.header("Drafter")
     ss = st.session_state
@@ -178,7 +179,7 @@ def _drafter() -> DrafterSpec | None:
 
 def max_new_tokens_range(ckpt: Checkpoint, prompt_len: int, block_size: int) -> tuple[int, int]:
     """What max new tokens may be: at least 1, at most what the model's context holds after the prompt and one
-    block (engine.decode.check_room's rule)."""
+    block (engine.decoding.decoder.check_room's rule)."""
     return 1, ckpt.config.max_position_embeddings - prompt_len - block_size
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from engine.decoding.session import with_text
 from engine.records import MODE_LABELS, RunRecord
-from engine.session import with_text
 from ui import recorded, state
 from ui.settings import checkpoint
 

@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from engine.decoding.session import decode_runs, make_decoder
 from engine.drafters import DrafterSpec
-from engine.model import TargetModel
+from engine.model.target import TargetModel
 from engine.records import MODE_LABELS, RunRecord, StepRecord
-from engine.session import decode_runs, make_decoder
 from engine.timers import StepTimer
 from kernels import ExtensionBuildError
 from profiling import metrics

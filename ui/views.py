@@ -4,8 +4,8 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 
+from engine.loaders.text import TokenizerError
 from engine.records import MODE_LABELS, RunRecord, StepRecord
-from engine.text import TokenizerError
 from profiling import divergence
 from profiling.metrics import committing_step, stage_ns, top2_gaps
 
@@ -27,7 +27,7 @@ def step_colour(step: int) -> str:
 
 
 def piece_of(tokenizer) -> Callable[[int], str] | None:
-    """token -> display piece by the tokenizer's piece() (engine.text.Tokenizer, or a recording's vocabulary), None
+    """token -> display piece by the tokenizer's piece() (engine.loaders.text.Tokenizer, or a recording's vocabulary), None
     without one; an id the tokenizer does not know shows as <id N>."""
     if tokenizer is None:
         return None

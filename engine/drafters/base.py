@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from ..config import DecodeConfig
-    from ..model import TargetModel
+    from engine.config import DecodeConfig
+    from engine.model.target import TargetModel
 
 
 class Drafter(Protocol):

@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..dflash import DFlashConfig, DFlashModel, DFlashWeights, check_fits, load_tensors, read_dflash_dir
-from ..dflash.fit import block_size_note, depth_note
-from .base import DraftTarget
+from engine.drafters.base import DraftTarget
+from engine.loaders.dflash_checkpoint import load_tensors, read_dflash_dir
+from engine.loaders.dflash_config import DFlashConfig
+from engine.loaders.dflash_fit import block_size_note, check_fits, depth_note
+from engine.model.dflash import DFlashModel, DFlashWeights
 
 if TYPE_CHECKING:
-    from ..config import DecodeConfig
-    from ..model import TargetModel
-    from .registry import DrafterSpec
+    from engine.config import DecodeConfig
+    from engine.drafters.registry import DrafterSpec
+    from engine.model.target import TargetModel
 
 SUMMARY = ("z-lab's learned DFlash block drafter (a DFlashDraftModel checkpoint directory, --drafter-model DIR): "
            "reads the target's hidden states at its target_layer_ids and drafts the next L positions in one "

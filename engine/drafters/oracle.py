@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .base import DraftTarget
+from engine.drafters.base import DraftTarget
 
 if TYPE_CHECKING:
-    from .registry import DrafterSpec
+    from engine.drafters.registry import DrafterSpec
 
 SUMMARY = ("Knows the target's continuation (the fixture's golden tokens, else an AR run of the prompt) and ranks "
            "it first at every depth, with seeded distractors below; noise demotes or drops it.")

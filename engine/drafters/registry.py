@@ -7,9 +7,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..config import ConfigError
-from . import dflash, oracle
-from .base import Drafter, DraftTarget
+from engine.config import ConfigError
+from engine.drafters import dflash, oracle
+from engine.drafters.base import Drafter, DraftTarget
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from ..hf_layout import SINGLE_FILE
-from ..loading import PROMPTS_FILE
-from ..text import TOKENIZER_FILE
-from .recipe import TrainError
+from engine.loaders.hf_layout import SINGLE_FILE
+from engine.loaders.loading import PROMPTS_FILE
+from engine.loaders.text import TOKENIZER_FILE
+from engine.training.recipe import TrainError
 
 CHECKPOINT_DIR = "checkpoints"
 TRAINING_FILE = "training.json"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..corpus import Corpus
-from ..text import END_OF_TEXT, Tokenizer
-from .recipe import TrainError
+from engine.loaders.text import END_OF_TEXT, Tokenizer
+from engine.training.corpus import Corpus
+from engine.training.recipe import TrainError
 
 
 def token_stream(corpus: Corpus, tokenizer: Tokenizer, split: str) -> torch.Tensor:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
-from ..corpus import draw_prompts, load_corpus
-from ..hf import read_hf_dir
-from ..text import Tokenizer
-from .drafter_recipe import DrafterRecipe
-from .generate import distinct_ngram_rate, greedy_generate
-from .recipe import TrainError
-from .target_model import TargetLM
+from engine.loaders.hf_import import read_hf_dir
+from engine.loaders.text import Tokenizer
+from engine.training.corpus import draw_prompts, load_corpus
+from engine.training.drafter_recipe import DrafterRecipe
+from engine.training.generate import distinct_ngram_rate, greedy_generate
+from engine.training.recipe import TrainError
+from engine.training.target_model import TargetLM
 
 SEQUENCES_FILE = "sequences.pt"
 

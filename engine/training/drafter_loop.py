@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 import torch
 
-from .checkpointing import restore_rng_states, rng_states
-from .drafter_model import DrafterLM, block_loss
-from .drafter_recipe import DrafterRecipe
-from .loop import History, autocast_for, lr_factor
-from .progress import Progress
-from .recipe import TrainError
-from .target_model import TargetLM
+from engine.training.checkpointing import restore_rng_states, rng_states
+from engine.training.drafter_model import DrafterLM, block_loss
+from engine.training.drafter_recipe import DrafterRecipe
+from engine.training.loop import History, autocast_for, lr_factor
+from engine.training.progress import Progress
+from engine.training.recipe import TrainError
+from engine.training.target_model import TargetLM
 
 
 class DrafterTrainer:

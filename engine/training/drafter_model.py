@@ -4,7 +4,7 @@ with (SpecForge / NVIDIA ModelOpt): many blocks per sequence at once.
 Each block starts at an anchor a: [token at a, MASK x L] at positions a .. a + L. It sees the context strictly
 before its anchor (the target's features of positions 0 .. a - 1, as at inference, where the context holds every
 committed token but the root) and itself both ways, never another block. Its row k predicts the token at a + k.
-The layers are engine/dflash/layers.py's, the ones the engine's drafter runs.
+The layers are engine/model/dflash_layers.py's, the ones the engine's drafter runs.
 """
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..dflash.config import DFlashConfig
-from ..dflash.layers import context_features, draft_layer, keys_values
-from ..dflash.tensors import tensor_shapes
-from ..model import rms_norm
-from ..rope import cos_sin
+from engine.loaders.dflash_config import DFlashConfig
+from engine.loaders.dflash_tensors import tensor_shapes
+from engine.model.dflash_layers import context_features, draft_layer, keys_values
+from engine.model.rope import cos_sin
+from engine.model.target import rms_norm
 
 
 class DrafterLM(nn.Module):
-    """The drafter's tensors (engine/dflash/tensors.py names) as parameters; the target lends its embedding and
+    """The drafter's tensors (engine/loaders/dflash_tensors.py names) as parameters; the target lends its embedding and
     lm_head, frozen, at every call."""
 
     def __init__(self, cfg: DFlashConfig) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ModelConfig
-from ..dflash.config import ARCHITECTURE as DFLASH_ARCHITECTURE
-from ..dflash.config import DFlashConfig, build_target_layer_ids
-from .recipe import TrainError
+from engine.config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ModelConfig
+from engine.loaders.dflash_config import ARCHITECTURE as DFLASH_ARCHITECTURE
+from engine.loaders.dflash_config import DFlashConfig, build_target_layer_ids
+from engine.training.recipe import TrainError
 
 DRAFTER_SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                         "intermediate_size")
@@ -41,7 +41,7 @@ class DrafterRecipe:
     eval_every: int = 100
     checkpoint_every: int = 100
     save_dtype: str = "bfloat16"
-    corpus_dir: str | None = None  # None: the Python standard library (engine/corpus.py)
+    corpus_dir: str | None = None  # None: the Python standard library (engine/training/corpus.py)
 
     def __post_init__(self) -> None:
         def need(cond: bool, what: str) -> None:

@@ -1,5 +1,5 @@
 """Write a TargetLM as a Hugging Face DeepseekV3ForCausalLM directory: config.json + model.safetensors, which
-engine.hf.read_hf_dir (and transformers) load with no conversion."""
+engine.loaders.hf_import.read_hf_dir (and transformers) load with no conversion."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..hf_config import ARCHITECTURE, FIXED_KEYS
-from ..hf_layout import SINGLE_FILE
-from .target_model import INIT_STD, TargetLM
+from engine.loaders.hf_config import ARCHITECTURE, FIXED_KEYS
+from engine.loaders.hf_layout import SINGLE_FILE
+from engine.training.target_model import INIT_STD, TargetLM
 
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

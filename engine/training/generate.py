@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from .target_model import KVCache, TargetLM
+from engine.training.target_model import KVCache, TargetLM
 
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 

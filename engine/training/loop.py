@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .checkpointing import restore_rng_states, rng_states
-from .data import WindowSampler
-from .progress import Progress
-from .recipe import Recipe, TrainError
-from .target_model import TargetLM, update_router_biases
+from engine.training.checkpointing import restore_rng_states, rng_states
+from engine.training.data import WindowSampler
+from engine.training.progress import Progress
+from engine.training.recipe import Recipe, TrainError
+from engine.training.target_model import TargetLM, update_router_biases
 
 
 def lr_factor(step: int, recipe: Recipe) -> float:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import ConfigError, ModelConfig
-from .export import SAVE_DTYPES
+from engine.config import ConfigError, ModelConfig
+from engine.training.export import SAVE_DTYPES
 
 
 class TrainError(ValueError):

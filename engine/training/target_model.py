@@ -1,14 +1,14 @@
 """The target architecture (DeepSeek-V3 / Kimi-K2) as a trainable torch nn.Module.
 
-It computes the forward of engine/reference.py and engine/model.py (RMSNorm, MLA with an optional q low-rank
+It computes the forward of engine/model/reference.py and engine/model/target.py (RMSNorm, MLA with an optional q low-rank
 path, RoPE, dense SwiGLU below first_k_dense_replace and MoE above it, final norm, lm_head), but the naive way
 that trains fast: kv_b_proj expands the latent to per-head K and V, and scaled_dot_product_attention attends
-causally. Parameters carry exactly engine.weights' names (Hugging Face checkpoint names), so the state_dict
-saved as safetensors is a checkpoint engine.hf.read_hf_dir loads as it is.
+causally. Parameters carry exactly engine.model.weights' names (Hugging Face checkpoint names), so the state_dict
+saved as safetensors is a checkpoint engine.loaders.hf_import.read_hf_dir loads as it is.
 
 The MoE runs every routed expert on every token with the routing weights (zero off each token's top-k) folded
 in before the down projection: the experts side by side are one SwiGLU of width E * moe_intermediate_size,
-three matmuls with static shapes and no host sync. Routing is engine.moe.route, the engine's own.
+three matmuls with static shapes and no host sync. Routing is engine.model.moe.route, the engine's own.
 e_score_correction_bias is a buffer, not a parameter: gradients never touch it. It follows DeepSeek-V3's
 auxiliary-loss-free balancing instead (update_router_biases), from the per-expert loads each forward returns.
 """
@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import LATENT_NORM_EPS, ModelConfig
-from ..model import apply_rope, rms_norm
-from ..moe import dense_weights, route
-from ..rope import rope_tables
+from engine.config import LATENT_NORM_EPS, ModelConfig
+from engine.model.moe import dense_weights, route
+from engine.model.rope import rope_tables
+from engine.model.target import apply_rope, rms_norm
 
 INIT_STD = 0.02  # transformers' DeepseekV3Config.initializer_range
 

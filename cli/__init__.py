@@ -1,0 +1,1 @@
+"""Every command of `python -m engine` and the options they share."""

@@ -1,0 +1,145 @@
+"""`python -m engine run`: AR and the speculative modes on one prompt, a progress bar, a summary table, and the
+five exports.
+
+Every input is checked before the decode starts, and the report directory before anything is written
+(profiling/report.py), so an error (exit 2) leaves existing files untouched.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from cli import options as opts
+from engine.config import DecodeConfig
+from engine.decoding.session import decode_runs
+from engine.model.parallel import gather_to_leader, init_from_env
+from engine.records import MODE_LABELS, TREES, RunRecord
+from profiling.capture import capture_runs
+from profiling.capture_view import summary_lines
+from profiling.divergence import verdict
+from profiling.metrics import real_divergences, summarize_runs, tau
+from profiling.progress import DecodeProgress
+from profiling.ranks import ranks_table
+from profiling.repeats import median_repeat, repeat_runs, repeat_stats, summarize_repeats
+from profiling.report import check_out_dir, write_all
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def summary_table(runs: dict[str, RunRecord]) -> str:
+    summaries = summarize_runs(runs)
+    ar = runs["ar"]
+    first = next(iter(summaries.values()))
+    columns = [("AR", ar, None), *((MODE_LABELS[m], runs[m], s) for m, s in summaries.items())]
+    rows = [
+        ("tokens generated", lambda r, s: len(r.tokens)),
+        ("steps", lambda r, s: r.num_steps),
+        ("tokens/step (tau)", lambda r, s: _num(tau(r), ".2f")),
+        ("prefill ms", lambda r, s: f"{(s or first)['prefill_ms' if s else 'ar_prefill_ms']:.2f}"),
+        ("total ms", lambda r, s: f"{(s or first)['time_ms' if s else 'ar_time_ms']:.2f}"),
+        ("tokens/s", lambda r, s: _num((s or first)["tokens_per_s" if s else "ar_tokens_per_s"], ".1f")),
+        ("speedup", lambda r, s: "" if s is None else _num(s["speedup"], ".2f") + "x" + ("" if s["matches_ar"]
+                                                                                       else "*")),
+    ]
+    lines = [f"{'':<20}" + "".join(f"{name:>12}" for name, _, _ in columns)]
+    lines += [f"{label:<20}" + "".join(f"{value(r, s)!s:>12}" for _, r, s in columns) for label, value in rows]
+    lines.append(f"target picks: {DecodeConfig(**ar.decode).sampling} (every mode draws the same keyed noise)")
+    for mode, s in summaries.items():
+        label = MODE_LABELS[mode]
+        lines.append(f"{label} acceptance histogram (steps accepting 0..L drafted tokens): "
+                     + " ".join(map(str, s["acceptance_histogram"])))
+    lines += [verdict(s, MODE_LABELS[mode]) for mode, s in summaries.items()]
+    if ar.text is not None:
+        lines += [f"prompt: {ar.prompt_text!r}", f"AR text: {ar.text!r}"]
+        lines += [f"{MODE_LABELS[m]} text: {s['text']!r}" for m, s in summaries.items() if s["text"] != ar.text]
+    if not all(s["matches_ar"] for s in summaries.values()):
+        lines.append("* speedup measured over different outputs: the runs did not write the same text")
+    return "\n".join(lines)
+
+
+def repeats_table(repeated: list[dict[str, RunRecord]]) -> str:
+    """profiling.repeats' statistics: one line per mode and statistic, median with p10-p90 and min-max."""
+    lines = [f"{len(repeated)} repeats after one warm-up:{'':<6}{'median':>10}{'p10':>10}{'p90':>10}{'min':>10}"
+             f"{'max':>10}"]
+    for mode, row in summarize_repeats(repeated).items():
+        for key, value in row.items():
+            if key == "large_spread" or value["median"] is None or (mode == "ar" and key == "speedup"):
+                continue
+            lines.append(f"{MODE_LABELS[mode] + ' ' + key:<34}" + "".join(
+                f"{value[k]:>10.3f}" for k in ("median", "p10", "p90", "min", "max")))
+        lines += [f"large spread: {MODE_LABELS[mode]} {key} (p10-p90 over 20% of the median): take more repeats"
+                  for key in row["large_spread"]]
+    return "\n".join(lines)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        if args.repeats < 1 or (args.repeats > 1 and args.profile):
+            raise ValueError(f"--repeats {args.repeats}: expected an integer >= 1" if args.repeats < 1 else
+                             "--repeats and --profile: the profiler captures one run; drop one of them")
+        ckpt = opts.load_checkpoint(args)
+        prompt = opts.pick_prompt(args, ckpt)
+        cfg = opts.decode_config(args, ckpt, prompt)
+        spec = opts.drafter_spec(args)
+        if args.report is not None:
+            check_out_dir(pathlib.Path(args.report), args.force)
+        shard = init_from_env(cfg.device)  # under torchrun: join the group; every rank decodes, rank 0 reports
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    leader = shard is None or shard.rank == 0
+    modes = TREES[args.tree]
+    progress = DecodeProgress(cfg.max_new_tokens) if leader else None
+    capture = None
+    repeated = None
+    if args.profile:
+        runs, capture = capture_runs(ckpt, prompt, cfg, spec, modes, on_step=progress)
+    elif args.repeats > 1:
+        repeated = repeat_runs(ckpt, prompt, cfg, args.repeats, spec, modes,
+                               on_progress=lambda done, total: print(f"repeat {done}/{total}", file=sys.stderr))
+        runs = median_repeat(repeated, modes[-1])
+    else:
+        runs = decode_runs(ckpt, prompt, cfg, spec, modes, on_step=progress)
+    if progress is not None:
+        progress.finish()
+    ranks = gather_to_leader(runs) if shard is not None else None
+    failed = real_divergences(summarize_runs(runs))
+    if not leader:
+        return 1 if failed else 0
+    print(summary_table(runs))
+    if repeated is not None:
+        print(repeats_table(repeated))
+    if ranks is not None:
+        print(ranks_table(ranks))
+    if capture is not None:
+        print("\n".join(summary_lines(runs, capture)))
+    if args.report is not None:
+        try:
+            paths = write_all(runs, args.report, force=args.force, capture=capture, ranks=ranks,
+                              repeats=repeat_stats(repeated) if repeated is not None else None)
+        except (ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {', '.join(p.name for p in paths)} to {args.report}")
+    return 1 if failed else 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="AR and DDTree (and/or the chain) on one prompt; summary table and reports")
+    opts.add_model_args(p)
+    opts.add_prompt_args(p)
+    opts.add_drafter_args(p)
+    opts.add_decode_args(p)
+    opts.add_tree_arg(p)
+    p.add_argument("--profile", action="store_true", help="also capture the decode with torch.profiler")
+    p.add_argument("--report", metavar="DIR", help="write report.html, report.json, kernels.csv, steps.csv and "
+                                                   "trace.json into DIR")
+    p.add_argument("--force", action="store_true", help="overwrite existing reports in DIR")
+    p.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="decode R times after one warm-up and print medians with their spread (profiling/repeats.py); "
+                        "the summary and the reports' runs are the median repeat's, and the reports carry the "
+                        "statistics of all R")
+    p.set_defaults(func=run_command)

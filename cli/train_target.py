@@ -1,0 +1,204 @@
+"""`python -m engine train-target`: train the target model on text and write a Hugging Face model directory.
+
+DIR ends up holding config.json, model.safetensors, tokenizer.json and training.json (the recipe, the
+command, the losses); while the run goes on it also holds checkpoints/ (see checkpointing.py). docs/training.md
+describes the corpus, the presets and the files.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from cli.training_options import add_optimizer_options, add_run_dir_options
+from engine.loaders.loading import PROMPTS_FILE
+from engine.loaders.text import TOKENIZER_FILE, Tokenizer, train_bpe
+from engine.training.checkpointing import (
+    TRAINING_FILE,
+    check_out_dir,
+    load_checkpoint,
+    remove_checkpoints,
+    save_checkpoint,
+    start_out_dir,
+)
+from engine.training.corpus import draw_prompts, load_corpus
+from engine.training.data import WindowSampler, eval_windows, token_stream
+from engine.training.export import save_hf_dir
+from engine.training.generate import distinct_ngram_rate, greedy_generate
+from engine.training.loop import Trainer
+from engine.training.progress import Progress
+from engine.training.recipe import PRESETS, Recipe, TrainError
+from engine.training.target_model import TargetLM
+
+# CLI option -> Recipe field, for the options that override the preset
+RECIPE_OPTIONS = {"steps": "steps", "batch_size": "batch_size", "seq_len": "seq_len", "lr": "lr",
+                  "seed": "seed", "device": "device", "save_dtype": "save_dtype", "dropout": "dropout",
+                  "log_every": "log_every", "eval_every": "eval_every", "checkpoint_every": "checkpoint_every",
+                  "corpus_dir": "corpus_dir"}
+
+
+def _given(args: argparse.Namespace) -> dict:
+    """The recipe fields the command line sets (options left out are None)."""
+    given = {field: getattr(args, opt) for opt, field in RECIPE_OPTIONS.items() if getattr(args, opt) is not None}
+    if "corpus_dir" in given:
+        given["corpus_dir"] = str(Path(given["corpus_dir"]).resolve())
+    return given
+
+
+def recipe_from_args(args: argparse.Namespace, checkpoint: dict | None) -> Recipe:
+    """The preset with the command line's overrides; with --resume, the checkpoint's recipe, which the command
+    line may repeat but not change."""
+    given = _given(args)
+    if checkpoint is not None:
+        recipe = Recipe.from_dict(checkpoint["recipe"])
+        changed = {k: v for k, v in given.items() if getattr(recipe, k) != v}
+        if changed or (args.preset is not None and args.preset != recipe.preset):
+            raise TrainError(f"--resume continues the recipe of the checkpoint; these options differ from it: "
+                             f"{changed or {'preset': args.preset}}. Drop them, or start a new run in another --out")
+        return recipe
+    base = PRESETS[args.preset or "tiny"]
+    if "device" not in given:
+        given["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return dataclasses.replace(base, **given)
+    except TypeError as exc:  # a wrong type for a field
+        raise TrainError(str(exc)) from exc
+
+
+def _check_device(device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TrainError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command, options in a fixed order, as a shell line."""
+    parts = ["python", "-m", "engine", "train-target", "--out", str(args.out)]
+    for opt in ("preset", *RECIPE_OPTIONS, "tokenizer", "pause_at"):
+        if getattr(args, opt) is not None:
+            parts += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
+    parts += [f"--{flag}" for flag in ("resume", "force") if getattr(args, flag)]
+    return shlex.join(parts)
+
+
+def _sample(model: TargetLM, recipe: Recipe, corpus, tokenizer: Tokenizer) -> dict:
+    """Greedy continuations of held-out prompts: their distinct-4-gram rate, and the first one as text."""
+    prompts = torch.from_numpy(draw_prompts(corpus, tokenizer, recipe.sample_prompts, recipe.sample_prompt_len,
+                                            recipe.seed)).to(recipe.device)
+    dtype = "bfloat16" if recipe.device == "cuda" else "float32"
+    tokens = greedy_generate(model, prompts, recipe.sample_new_tokens, dtype=dtype)
+    return {"prompts": recipe.sample_prompts, "prompt_tokens": recipe.sample_prompt_len,
+            "new_tokens": recipe.sample_new_tokens, "distinct_4gram_rate": distinct_ngram_rate(tokens, 4),
+            "example": {"prompt": tokenizer.decode(prompts[0].tolist()),
+                        "continuation": tokenizer.decode(tokens[0].tolist())}}
+
+
+def train_target(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.resume and args.tokenizer is not None:
+        raise TrainError(f"--resume uses {out / TOKENIZER_FILE}, the run's own tokenizer; drop --tokenizer")
+    if args.pause_at is not None and args.pause_at < 1:
+        raise TrainError(f"--pause-at {args.pause_at}: expected a step >= 1")
+    given_tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer is not None else None
+    resume_from = check_out_dir(out, args.resume, args.force)
+    state = load_checkpoint(resume_from) if resume_from is not None else None
+    recipe = recipe_from_args(args, state)
+    _check_device(recipe.device)
+    if args.pause_at is not None and (args.pause_at % recipe.log_every or args.pause_at >= recipe.steps):
+        raise TrainError(f"--pause-at {args.pause_at}: expected a multiple of log_every={recipe.log_every} below "
+                         f"steps={recipe.steps}")
+    if recipe.device == "cuda":  # repeatable runs: a fixed cuBLAS workspace, attention's deterministic backward
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    started = time.perf_counter()
+    corpus = load_corpus(recipe.corpus_dir)
+    if state is None:  # every check passed: only now touch DIR
+        start_out_dir(out)
+        tokenizer = given_tokenizer
+        if tokenizer is None:
+            print(f"training a {recipe.vocab_size}-token BPE tokenizer on {corpus.name}'s train split",
+                  file=sys.stderr)
+            tokenizer = train_bpe(corpus.texts("train"), recipe.vocab_size)
+        tokenizer.save(out)
+    else:
+        tokenizer = Tokenizer.load(out)
+    cfg = recipe.model_config(tokenizer.vocab_size)
+    train_stream = token_stream(corpus, tokenizer, "train").to(recipe.device)
+    held_out = token_stream(corpus, tokenizer, "held-out")
+    torch.manual_seed(recipe.seed)
+    model = TargetLM(cfg, dropout=recipe.dropout).to(recipe.device)  # initialised on the CPU: same on any device
+    trainer = Trainer(model, recipe, WindowSampler(train_stream, recipe.seq_len, recipe.batch_size, recipe.seed),
+                      eval_windows(held_out, recipe.seq_len, recipe.eval_windows))
+    if state is None:
+        trainer.history.tokenizer_source = str(args.tokenizer or "train_bpe on the train split")
+    else:
+        trainer.restore(state)
+        trainer.history.resumed_at.append(trainer.step)
+    trainer.history.commands.append(command_line(args))
+    setup_s = time.perf_counter() - started
+    stop_at = args.pause_at or recipe.steps
+    progress = Progress(recipe.steps, trainer.step)
+    try:
+        trainer.run(stop_at, progress, lambda s: save_checkpoint(out, s))
+    finally:
+        progress.close()
+    if trainer.step < recipe.steps:
+        print(f"paused at step {trainer.step}: continue with --resume --out {out}", file=sys.stderr)
+        return 0
+    last = trainer.history.intervals[-1]
+    report = {
+        "commands": trainer.history.commands, "recipe": recipe.to_dict(), "model_config": cfg.to_dict(),
+        "num_parameters": sum(p.numel() for p in model.parameters()), "device": _device_name(recipe.device),
+        "torch": torch.__version__, "corpus": corpus.describe(),
+        "tokenizer": {"vocab_size": tokenizer.vocab_size, "source": trainer.history.tokenizer_source,
+                      "train_tokens": train_stream.numel(), "held_out_tokens": held_out.numel()},
+        "steps": trainer.step, "tokens_seen": trainer.step * recipe.tokens_per_step,
+        "epochs": trainer.sampler.epochs_at(trainer.step), "wall_time_s": trainer.history.wall_s,
+        "setup_time_s": setup_s, "resumed_at": trainer.history.resumed_at,
+        "final_train_loss": last["train_loss"], "final_val_loss": last["val_loss"],
+        "greedy_sample": _sample(model, recipe, corpus, tokenizer), "intervals": trainer.history.intervals,
+    }
+    save_hf_dir(model, out, recipe.save_dtype, tokenizer.end_of_text_id)
+    prompts = draw_prompts(corpus, tokenizer, recipe.sample_prompts, recipe.sample_prompt_len, recipe.seed)
+    (out / PROMPTS_FILE).write_text(json.dumps({
+        "source": f"the held-out split of {corpus.name} (engine/training/corpus.py), drawn with seed {recipe.seed}",
+        "prompts": [{"text": tokenizer.decode(ids.tolist())} for ids in prompts]}, indent=2) + "\n")
+    (out / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    remove_checkpoints(out)
+    print(f"wrote {out}: {report['num_parameters'] / 1e6:.2f} M parameters, {trainer.step} steps, "
+          f"train loss {last['train_loss']:.3f}, val loss {last['val_loss']:.3f}, distinct-4-gram "
+          f"{report['greedy_sample']['distinct_4gram_rate']:.2f}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train-target", help="train the target model on text; write a Hugging Face model directory",
+        description="Train a DeepSeek-V3-architecture target on the Python standard library's sources (or "
+                    "--corpus-dir) and write config.json, model.safetensors, tokenizer.json and training.json "
+                    "into --out. docs/training.md has the presets and the files.")
+    parser.add_argument("--out", required=True, type=Path, help="the run directory (created if missing)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="the recipe to start from (default tiny)")
+    parser.add_argument("--steps", type=int, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (at most max_position_embeddings)")
+    parser.add_argument("--dropout", type=float, help="residual dropout while training")
+    parser.add_argument("--seed", type=int, help="seed of the initial weights, data order and dropout")
+    add_optimizer_options(parser)
+    parser.add_argument("--corpus-dir", type=Path, help="train on the .py/.txt/.md files under this folder instead")
+    parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (or a folder with one) instead of training")
+    add_run_dir_options(parser)
+    parser.set_defaults(func=train_target)

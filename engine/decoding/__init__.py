@@ -1,0 +1,1 @@
+"""Decoding: AR, chain and DDTree steps, the fixed trees, sampling, and the decode session."""

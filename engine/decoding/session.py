@@ -1,0 +1,130 @@
+"""Entry points shared by the CLI, the dashboard and the tests: build a decoder, run a decode, run AR and the
+speculative modes side by side, parse a typed prompt."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+
+from engine.config import DecodeConfig
+from engine.decoding.decoder import ARDecoder, DecodeError, Decoder, check_room, validate_prompt
+from engine.drafters import DrafterSpec, DraftTarget, build_drafter
+from engine.loaders.checkpoint import Checkpoint
+from engine.model.parallel import current_shard
+from engine.model.target import TargetModel
+from engine.records import MODES, RunRecord, StepRecord
+from engine.timers import StepTimer
+
+ORACLE = DrafterSpec()
+
+
+def parse_prompt(text: str, vocab_size: int) -> list[int]:
+    """Token ids typed as "1, 2, 3" or "1 2 3" (ASCII digits only)."""
+    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+    bad = [p for p in parts if not re.fullmatch(r"-?[0-9]+", p)]
+    if bad:
+        raise DecodeError(f"prompt entries {bad[:5]} are not integers: type token ids separated by commas or spaces")
+    return validate_prompt([int(p) for p in parts], vocab_size)
+
+
+def load_target(ckpt: Checkpoint, cfg: DecodeConfig) -> TargetModel:
+    """The target on cfg's device and dtype: this rank's part of it when a process group is up (engine/model/parallel.py)."""
+    return TargetModel.from_checkpoint(ckpt, cfg.device, cfg.dtype, shard=current_shard())
+
+
+def golden_for(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig) -> list[int] | None:
+    """The fixture's golden (greedy) continuation, if `prompt` is the fixture's own prompt, the decode is greedy
+    and the model runs in float32 (which reproduces the float64 golden tokens; bfloat16 may pick other near-tied
+    tokens)."""
+    if cfg.dtype != "float32" or cfg.temperature > 0:
+        return None
+    if ckpt.golden_tokens is not None and ckpt.prompt is not None and list(prompt) == ckpt.prompt.tolist():
+        return ckpt.golden_tokens.tolist()
+    return None
+
+
+def continuation_of(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel,
+                    known: Sequence[int] | None = None) -> Callable[[int], list[int]]:
+    """n -> the first n tokens the target generates after `prompt` under cfg: `known` (tokens already decoded,
+    e.g. an AR run's) or the golden tokens where they are long enough, else an AR decode of n tokens (as many
+    as the context holds). Decoded once per n asked for."""
+    known = list(known) if known is not None else golden_for(ckpt, prompt, cfg) or []
+    memo: dict[int, list[int]] = {}
+
+    def first(n: int) -> list[int]:
+        if len(known) >= n:
+            return known[:n]
+        if n not in memo:
+            room = model.cfg.max_position_embeddings - len(prompt) - cfg.block_size
+            longer = dataclasses.replace(cfg, max_new_tokens=max(1, min(n, room)))
+            memo[n] = ARDecoder(model, prompt, longer).run().tokens
+        return memo[n]
+
+    return first
+
+
+def make_decoder(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str,
+                 drafter: DrafterSpec = ORACLE, timer: StepTimer | None = None, model: TargetModel | None = None,
+                 continuation: Sequence[int] | None = None, cuda_graph: bool = False) -> Decoder:
+    """A decoder of `mode` (one of MODES), ready to step (the prompt is prefilled). `continuation` is what the
+    target is already known to generate (an oracle drafter reads it; computed when needed)."""
+    if mode not in MODES:
+        raise DecodeError(f"mode={mode!r}: expected one of {MODES}")
+    model = model or load_target(ckpt, cfg)
+    if mode == "ar":
+        return ARDecoder(model, prompt, cfg, timer, cuda_graph)
+    prompt = validate_prompt(prompt, model.cfg.vocab_size)
+    check_room(len(prompt), cfg, model, 1)  # the prompt's own error before any drafter work
+    target = DraftTarget(model, prompt, cfg, continuation_of(ckpt, prompt, cfg, model, continuation))
+    return Decoder(model, prompt, cfg, mode, build_drafter(drafter, target), timer, cuda_graph)
+
+
+def decode(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str, drafter: DrafterSpec = ORACLE,
+           timer: StepTimer | None = None, on_step: Callable[[StepRecord], None] | None = None,
+           model: TargetModel | None = None) -> RunRecord:
+    return with_text(make_decoder(ckpt, prompt, cfg, mode, drafter, timer, model).run(on_step), ckpt)
+
+
+def with_text(run: RunRecord, ckpt: Checkpoint) -> RunRecord:
+    """The run's prompt, generated tokens and each step's committed tokens as text, and the pieces of every token it
+    mentions (RunRecord.vocabulary), where the model has a tokenizer."""
+    tokenizer = ckpt.tokenizer
+    if tokenizer is not None:
+        run.prompt_text = tokenizer.decode(run.prompt)
+        run.text = tokenizer.decode(run.tokens)
+        for step in run.steps:
+            step.committed_text = tokenizer.decode(step.committed)
+        run.vocabulary = {t: (tokenizer.piece(t), tokenizer.token_bytes(t)) for t in sorted(run.token_ids())}
+    return run
+
+
+def warm_up(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel,
+            drafter: DrafterSpec = ORACLE, modes: Sequence[str] = ("ddtree",)) -> None:
+    """Two untimed steps of AR and each mode, so one-time costs (library handles, first-touch allocations)
+    stay out of the numbers of the runs that follow."""
+    short = dataclasses.replace(cfg, max_new_tokens=min(cfg.max_new_tokens, 2))
+    for mode in ("ar", *modes):
+        make_decoder(ckpt, prompt, short, mode, drafter, model=model).run()
+
+
+def decode_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, drafter: DrafterSpec = ORACLE,
+                modes: Sequence[str] = ("ddtree",), profile_timers: bool = True,
+                on_step: Callable[[StepRecord], None] | None = None, model: TargetModel | None = None,
+                warmup: bool = True) -> dict[str, RunRecord]:
+    """AR, then each speculative mode ("chain", "ddtree") with the same drafter, on the same prompt, config and
+    model (after warm_up, unless warmup=False). Returns the runs by mode, AR first; on_step sees every step."""
+    modes = [m for m in MODES if m in modes and m != "ar"]
+    if not modes:
+        raise DecodeError("decode_runs needs at least one speculative mode: 'chain' or 'ddtree'")
+    model = model or load_target(ckpt, cfg)
+    if warmup:
+        warm_up(ckpt, prompt, cfg, model, drafter, modes)
+
+    def timer() -> StepTimer:
+        return StepTimer(model.device, enabled=profile_timers)
+
+    runs = {"ar": ARDecoder(model, prompt, cfg, timer()).run(on_step)}
+    known = golden_for(ckpt, prompt, cfg) or runs["ar"].tokens
+    for mode in modes:
+        runs[mode] = make_decoder(ckpt, prompt, cfg, mode, drafter, timer(), model, known).run(on_step)
+    return {mode: with_text(run, ckpt) for mode, run in runs.items()}

@@ -1,0 +1,1 @@
+"""Reading models from disk: .kdtr fixtures, Hugging Face and DFlash directories, tokenizers."""

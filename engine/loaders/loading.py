@@ -1,0 +1,57 @@
+"""One entry point for every model source: a .kdtr fixture file or a Hugging Face model directory."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from engine.loaders.checkpoint import Checkpoint
+from engine.loaders.hf_import import read_hf_dir
+from engine.loaders.kdtr import read_kdtr
+from engine.loaders.text import TOKENIZER_FILE, Tokenizer
+
+PROMPTS_FILE = "prompts.json"  # {"source": ..., "prompts": [{"text": ..., "file": ...}, ...]}
+
+
+class ModelLoadError(ValueError):
+    """The path is neither a .kdtr file nor a Hugging Face model directory."""
+
+
+def load_model(path: str | Path) -> Checkpoint:
+    """Load a .kdtr fixture (engine.loaders.kdtr) or a Hugging Face DeepSeek-V3 / Kimi-K2 directory (engine.loaders.hf_import)."""
+    path = Path(path)
+    if path.is_dir():
+        return with_text(read_hf_dir(path), path)
+    if path.is_file() and path.suffix == ".kdtr":
+        return read_kdtr(path)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or directory; pass a .kdtr file or a Hugging Face model directory")
+    if path.name == "config.json" or path.suffix == ".safetensors":
+        raise ModelLoadError(f"{path}: pass the Hugging Face model directory ({path.parent}), not a file inside it")
+    raise ModelLoadError(f"{path}: not a .kdtr file or a directory; pass a .kdtr fixture or a Hugging Face "
+                         "model directory (config.json + safetensors)")
+
+
+def with_text(ckpt: Checkpoint, root: Path) -> Checkpoint:
+    """Attach a model directory's tokenizer.json and prompts.json (its example prompts, as text), when it has
+    them; the first prompt becomes the checkpoint's prompt."""
+    if not (root / TOKENIZER_FILE).is_file():
+        return ckpt
+    tokenizer = Tokenizer.load(root)
+    if tokenizer.vocab_size > ckpt.config.vocab_size:
+        raise ModelLoadError(f"{root / TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but config.json's "
+                             f"vocab_size is {ckpt.config.vocab_size}: the tokenizer belongs to another model")
+    ckpt.tokenizer = tokenizer
+    prompts = root / PROMPTS_FILE
+    if prompts.is_file():
+        try:
+            texts = tuple(p["text"] for p in json.loads(prompts.read_text(encoding="utf-8"))["prompts"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{prompts}: not a prompts file ({exc}); expected {{\"prompts\": [{{\"text\": "
+                                 "...}, ...]}; fix or delete it") from exc
+        if not texts or not all(isinstance(t, str) and t for t in texts):
+            raise ModelLoadError(f"{prompts}: expected a non-empty list of non-empty prompt texts")
+        ckpt.prompt_texts = texts
+        ckpt.prompt = np.asarray(tokenizer.encode(texts[0]), dtype=np.int64)
+    return ckpt

@@ -1,0 +1,1 @@
+"""The torch models (the MLA/MoE target, the DFlash drafter), their cache, and the numpy golden models."""

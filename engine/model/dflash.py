@@ -1,0 +1,104 @@
+"""The DFlash forward in torch, on the target's device and dtype, with the drafter's own context K/V cache.
+
+Context: the target's hidden states of the chosen layers, concatenated -> fc -> hidden_norm; each draft layer
+applies its own k_proj / v_proj (k_norm, then RoPE at the token's position) and keeps the result in the cache.
+Block: [root, MASK x L] embedded with the target's embedding, at positions n .. n + L (n = context rows). Per
+layer: RMSNorm; queries from the block only (q_norm, RoPE); keys and values are the cached context rows joined
+with the block's own, through the same projections; no mask (the block sees every valid context row and itself
+both ways); GQA; SwiGLU MLP; residuals. Output: the block's last L rows -> the drafter's norm -> the target's
+lm_head -> float32 log-softmax [L, V].
+
+Everything runs on device tensors with static shapes: the cache has a fixed capacity, the number of valid rows
+is a 0-dim device tensor, and rows at or past it are masked out. No method reads a device value on the host,
+so a decode step with this drafter captures as one CUDA graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.loaders.dflash_config import DFlashConfig
+from engine.loaders.dflash_tensors import LAYER_TENSORS
+from engine.model.dflash_layers import context_features, draft_layer, keys_values
+from engine.model.rope import cos_sin
+from engine.model.target import rms_norm
+
+
+@dataclass(frozen=True, slots=True)
+class DFlashWeights:
+    """The drafter's tensors on one device and dtype (read-only: decoders share them)."""
+
+    fc: torch.Tensor  # [d, len(target_layer_ids) * d]
+    hidden_norm: torch.Tensor  # [d]
+    norm: torch.Tensor  # [d]
+    layers: tuple[dict[str, torch.Tensor], ...]  # per draft layer: LAYER_TENSORS names -> tensor
+
+    @classmethod
+    def from_tensors(cls, cfg: DFlashConfig, tensors: dict[str, torch.Tensor]) -> DFlashWeights:
+        layers = tuple({name: tensors[f"layers.{i}.{name}"] for name, _ in LAYER_TENSORS}
+                       for i in range(cfg.num_hidden_layers))
+        return cls(tensors["fc.weight"], tensors["hidden_norm.weight"], tensors["norm.weight"], layers)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.dtype
+
+
+class DFlashModel:
+    """One decode's drafter: shared weights, the target's embedding and lm_head, and a context cache of
+    `capacity` rows (row i holds the context token at position i)."""
+
+    def __init__(self, cfg: DFlashConfig, weights: DFlashWeights, embed: torch.Tensor, lm_head: torch.Tensor,
+                 num_draft_positions: int, capacity: int) -> None:
+        self.cfg, self.w = cfg, weights
+        self.embed, self.lm_head = embed, lm_head  # the target's [V, d]
+        dev, dtype = weights.device, weights.dtype
+        self.num_draft_positions = num_draft_positions  # L
+        shape = (cfg.num_hidden_layers, capacity, cfg.num_key_value_heads, cfg.head_dim)
+        self.keys = torch.zeros(shape, device=dev, dtype=dtype)  # [layers, S, Hkv, D], k_norm and RoPE applied
+        self.values = torch.zeros(shape, device=dev, dtype=dtype)  # [layers, S, Hkv, D]
+        self.length = torch.zeros((), dtype=torch.int64, device=dev)  # valid context rows
+        self.rows = torch.arange(capacity, device=dev)
+        self.block = torch.arange(num_draft_positions + 1, device=dev)  # offsets of the block's rows
+        self.mask_tokens = torch.full((num_draft_positions,), cfg.mask_token_id, dtype=torch.int64, device=dev)
+        # positions 0 .. capacity + L: the block may sit past the last context row
+        self.cos, self.sin = cos_sin(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, capacity + num_draft_positions
+                                     + 1, dev)
+        self.scale = cfg.head_dim ** -0.5
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[1]
+
+    def write_context(self, hidden: torch.Tensor, start: torch.Tensor | int) -> None:
+        """hidden [n, len(target_layer_ids) * d], the target's states of n tokens -> cache rows start .. start+n-1
+        (their positions). Does not move the valid length."""
+        cfg = self.cfg
+        ctx = context_features(cfg, self.w.fc, self.w.hidden_norm, hidden)
+        positions = start + torch.arange(hidden.shape[0], device=self.rows.device)
+        cos, sin = self.cos[positions], self.sin[positions]
+        for i, layer in enumerate(self.w.layers):
+            k, v = keys_values(cfg, layer, ctx, cos, sin)
+            self.keys[i].index_copy_(0, positions, k)
+            self.values[i].index_copy_(0, positions, v)
+
+    def block_logprobs(self, root: torch.Tensor) -> torch.Tensor:
+        """float32 log-probabilities [L, V] of the L tokens after root (0-dim int64), against the valid context
+        rows. The block's own keys and values are not stored."""
+        cfg, w = self.cfg, self.w
+        num_rows = self.num_draft_positions + 1
+        x = self.embed[torch.cat([root.view(1), self.mask_tokens])][None]  # [1, L + 1, d]
+        positions = self.length + self.block
+        cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, L + 1, D/2]
+        visible = torch.cat([self.rows < self.length, torch.ones(num_rows, dtype=torch.bool, device=x.device)])
+        mask = visible.expand(1, num_rows, visible.shape[0])  # every block row sees the same rows
+        for i, layer in enumerate(w.layers):
+            x = draft_layer(cfg, layer, x, cos, sin, self.keys[i][None], self.values[i][None], mask)
+        out = rms_norm(x[0, 1:], w.norm, cfg.rms_norm_eps)
+        return F.linear(out, self.lm_head).float().log_softmax(-1)

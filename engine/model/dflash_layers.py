@@ -1,0 +1,70 @@
+"""One DFlash draft layer as plain functions over a layer's tensors: what the engine's drafter (one block,
+engine/model/dflash.py) and the drafter trainer (many blocks per sequence, engine/training/drafter_model.py)
+both run, so the two cannot drift apart.
+
+Shapes: a batch of B sequences; the block rows x [B, N, d] at their positions (cos, sin [B, N, D/2]); the
+context's keys and values [B, S, Hkv, D] (k_norm and RoPE applied); mask [B, N, S + N]: which context rows and
+which block rows each block row sees.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.loaders.dflash_config import DFlashConfig
+from engine.model.target import apply_rope, rms_norm, swiglu
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., n, H, D] with cos, sin [..., n, D/2]: the rotate-half RoPE of every row (Qwen3's layout)."""
+    shape = x.shape
+    return apply_rope(x.reshape(-1, *shape[-2:]), cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]),
+                      False).view(shape)
+
+
+def keys_values(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., n, d] -> keys (k_norm, then RoPE) and values [..., n, Hkv, D]: the same projections serve the
+    context features and the block."""
+    shape = (*x.shape[:-1], cfg.num_key_value_heads, cfg.head_dim)
+    k = rms_norm(F.linear(x, layer["self_attn.k_proj.weight"]).view(shape), layer["self_attn.k_norm.weight"],
+                 cfg.rms_norm_eps)
+    return _rope(k, cos, sin), F.linear(x, layer["self_attn.v_proj.weight"]).view(shape)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """q [B, N, Hq, D]; k, v [B, S, Hkv, D]; mask [B, N, S] bool -> [B, N, Hq * D]. Query head h reads key/value
+    head h // (Hq / Hkv) (transformers' repeat_kv) without repeating the keys: the G query heads of a key/value
+    head attend as G * N rows of one head."""
+    b, n, num_heads, dim = q.shape
+    num_kv = k.shape[2]
+    groups = num_heads // num_kv
+    q = q.view(b, n, num_kv, groups, dim).permute(0, 2, 3, 1, 4).reshape(b, num_kv, groups * n, dim)
+    rows_mask = mask[:, None].expand(b, groups, n, mask.shape[-1]).reshape(b, 1, groups * n, mask.shape[-1])
+    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=rows_mask,
+                                         scale=scale)  # [B, Hkv, G * N, D]
+    return out.view(b, num_kv, groups, n, dim).permute(0, 3, 1, 2, 4).reshape(b, n, num_heads * dim)
+
+
+def draft_layer(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, ctx_keys: torch.Tensor, ctx_values: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+    """One layer over the block rows: RMSNorm; queries from the block (q_norm, RoPE), keys and values from the
+    context joined with the block's own; attention as the mask allows; o_proj; RMSNorm; SwiGLU; residuals."""
+    b, n = x.shape[:2]
+    h = rms_norm(x, layer["input_layernorm.weight"], cfg.rms_norm_eps)
+    q = F.linear(h, layer["self_attn.q_proj.weight"]).view(b, n, cfg.num_attention_heads, cfg.head_dim)
+    q = _rope(rms_norm(q, layer["self_attn.q_norm.weight"], cfg.rms_norm_eps), cos, sin)
+    k_block, v_block = keys_values(cfg, layer, h, cos, sin)
+    attn = grouped_attention(q, torch.cat([ctx_keys, k_block], 1), torch.cat([ctx_values, v_block], 1), mask,
+                             cfg.head_dim ** -0.5)
+    x = x + F.linear(attn, layer["self_attn.o_proj.weight"])
+    h = rms_norm(x, layer["post_attention_layernorm.weight"], cfg.rms_norm_eps)
+    return x + swiglu(h, layer["mlp.gate_proj.weight"], layer["mlp.up_proj.weight"], layer["mlp.down_proj.weight"])
+
+
+def context_features(cfg: DFlashConfig, fc: torch.Tensor, hidden_norm: torch.Tensor,
+                     hidden: torch.Tensor) -> torch.Tensor:
+    """The target's hidden states [..., len(target_layer_ids) * d_target] -> the drafter's context [..., d]."""
+    return rms_norm(F.linear(hidden.to(fc.dtype), fc), hidden_norm, cfg.rms_norm_eps)

@@ -1,0 +1,288 @@
+"""The target model in torch: DeepSeek-V3 / Kimi-K2 with absorbed MLA over the latent cache.
+
+Attention never materialises per-head K or V: q_nope is absorbed into the latent space through W_UK,
+ddtree.verify_attn attends over (c, rope(k_pe)) rows, and W_UV maps the latent output back per head.
+The same forward serves prefill (causal block), AR (one node) and tree verify (visibility mask).
+MoE runs each token through its top-k routed experts only, as grouped GEMMs with static shapes (engine/model/moe.py), so a
+step needs no host sync and can be captured in a CUDA graph; every forward counts the experts its rows chose.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from engine.config import LATENT_NORM_EPS, ModelConfig
+from engine.loaders.checkpoint import Checkpoint
+from engine.model.cache import LatentCache
+from engine.model.moe import (
+    ExpertLoad,
+    Experts,
+    default_path,
+    dense_moe,
+    local_routing,
+    route,
+    sparse_moe,
+    sparse_runs,
+    stack_experts,
+)
+from engine.model.parallel import ATTN_REDUCE, MOE_COMBINE, MOE_DISPATCH, Shard
+from engine.model.rope import rope_tables
+from engine.model.weights import lm_head_name
+from engine.timers import StepTimer
+from kernels import ops
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MOE_PATHS = ("sparse", "dense")  # each token's top-k experts (engine/model/moe.py), or every expert: the reference
+ROW_BLOCK = 16  # rows per block in the batch-invariant mode: AR's single row is padded to one block
+_NULL_TIMER = StepTimer(enabled=False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """x [..., P] with cos/sin [N, P/2] broadcast over the middle dims; NeoX rotate-half layout.
+    interleave=True first permutes (x0, x1, x2, ...) to evens-then-odds, as transformers does."""
+    if interleave:
+        x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
+    c, s = cos.view(shape), sin.view(shape)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+@dataclass(slots=True)
+class _Attention:
+    q_a: torch.Tensor | None  # [q_lora, hidden] (None without a q low-rank path)
+    q_a_norm: torch.Tensor | None
+    q_b: torch.Tensor  # [H * (nope + rope), q_lora or hidden]
+    kv_a: torch.Tensor  # [R + P, hidden]
+    kv_a_norm: torch.Tensor  # [R]
+    w_uk: torch.Tensor  # [H, nope, R]
+    w_uv: torch.Tensor  # [H, v, R]
+    o_proj: torch.Tensor  # [hidden, H * v]
+
+
+class TargetModel:
+    """Weights on one device and dtype, plus the forward over a block of nodes."""
+
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                 moe: str | None = None, shard: Shard | None = None) -> None:
+        """weights: by name, or a stream of (name, tensor) (WeightSource.tensors): from a stream each routed expert is
+        stacked as it arrives and dropped, so the device holds the model once. moe: one of MOE_PATHS; None picks
+        sparse where it runs without a host sync and pays (moe.default_path), else dense. shard: this rank's part
+        of a tensor- and expert-parallel layout (engine/model/parallel.py); None holds the whole model."""
+        kernels.load()  # build or load the ops now, not inside the first (timed) prefill
+        self.cfg = cfg
+        self.shard = shard
+        if shard is not None:
+            shard.check(cfg)  # before any weight is kept
+        self.heads = shard.part(cfg.num_attention_heads, "num_attention_heads") if shard else None
+        has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+        self.held_experts = shard.part(cfg.n_routed_experts, "n_routed_experts") if shard and has_moe else None
+        weights, experts = stack_experts(cfg, weights.items() if isinstance(weights, Mapping) else weights,
+                                         self.held_experts)
+        self.device = weights["model.embed_tokens.weight"].device
+        self.dtype = weights["model.embed_tokens.weight"].dtype
+        self.embed = weights["model.embed_tokens.weight"]
+        self.final_norm = weights["model.norm.weight"]
+        self.lm_head = weights[lm_head_name(cfg)]
+        self.layers = [self._layer(weights, experts, i) for i in range(cfg.num_hidden_layers)]
+        _, _, mscale = rope_tables(cfg, 1, self.device)
+        self.scale = cfg.qk_head_dim ** -0.5 * mscale * mscale
+        self.moe_path = moe or default_path(self.device, self.dtype, cfg)
+        if self.moe_path not in MOE_PATHS:
+            raise ValueError(f"moe={moe!r}: expected one of {MOE_PATHS} or None (the faster one here)")
+        if self.moe_path == "sparse" and not sparse_runs(self.device, self.dtype, cfg):
+            raise ValueError("moe='sparse' needs hidden and expert widths a multiple of 16 bytes, and on CUDA "
+                             "bfloat16, compute capability 9.x or 10.x and fewer than 1024 experts; use 'dense'")
+        self.num_moe_layers = sum(layer["moe"] for layer in self.layers)
+        self.expert_load = ExpertLoad(self.num_moe_layers, cfg.n_routed_experts, self.device)
+        # one routed expert's gate, up and down weights: what each expert a verify touches costs it to read
+        self.bytes_per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * self.dtype.itemsize
+
+    def layout(self) -> dict | None:
+        """The parallel layout this model is part of (Shard.layout), or None when it is whole."""
+        return self.shard.layout(self.cfg.num_attention_heads, self.cfg.n_routed_experts) if self.shard else None
+
+    def experts_touched(self) -> torch.Tensor:
+        """[num_moe_layers] int64 on the device: distinct routed experts the last forward's rows chose, per MoE layer
+        (no host sync: a step reads it into its record afterwards)."""
+        return self.expert_load.touched()
+
+    def rope(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [num_positions, P/2] for positions 0..num_positions-1: a decode sizes them from what it needs
+        (engine/model/cache.py keeps them), never from max_position_embeddings, which a config may claim huge."""
+        cos, sin, _ = rope_tables(self.cfg, num_positions, self.device)
+        return cos, sin
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "cpu", dtype: str = "float32",
+                        moe: str | None = None, shard: Shard | None = None) -> TargetModel:
+        """The model of ckpt on device in dtype. The weights arrive one at a time, already on the device in dtype
+        (ckpt.weights.tensors): a Hugging Face checkpoint goes from its files to the device without a host copy, and
+        each routed expert joins its layer's stack as it arrives."""
+        return cls(ckpt.config, ckpt.weights.tensors(device, DTYPES[dtype]), moe, shard)
+
+    def _split(self, t: torch.Tensor, dim: int, part: slice | None, groups: int | None = None) -> torch.Tensor:
+        """t's share on this rank along dim: the groups (heads; by default single rows or columns) in part. The
+        whole t without a shard."""
+        if part is None:
+            return t
+        shape = t.shape
+        groups = groups or shape[dim]
+        grouped = t.reshape(*shape[:dim], groups, shape[dim] // groups, *shape[dim + 1:])
+        share = grouped.narrow(dim, part.start, part.stop - part.start)
+        return share.reshape(*shape[:dim], -1, *shape[dim + 1:]).contiguous()
+
+    def _mlp(self, w: dict[str, torch.Tensor], prefix: str, width: int) -> tuple[torch.Tensor, ...]:
+        """gate, up, down of a SwiGLU MLP: with a shard, the rank's columns of its intermediate width."""
+        part = self.shard.part(width, f"{prefix}'s intermediate width") if self.shard else None
+        return (self._split(w[f"{prefix}.gate_proj.weight"], 0, part), self._split(w[f"{prefix}.up_proj.weight"], 0,
+                part), self._split(w[f"{prefix}.down_proj.weight"], 1, part))
+
+    def _layer(self, w: dict[str, torch.Tensor], experts: dict[int, Experts], i: int) -> dict:
+        cfg, p = self.cfg, f"model.layers.{i}"
+        h, nope, v = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+        kv_b = self._split(w[f"{p}.self_attn.kv_b_proj.weight"], 0, self.heads, h).view(-1, nope + v,
+                                                                                          cfg.kv_lora_rank)
+        lowrank_q = cfg.q_lora_rank is not None
+        attn = _Attention(
+            q_a=w[f"{p}.self_attn.q_a_proj.weight"] if lowrank_q else None,
+            q_a_norm=w[f"{p}.self_attn.q_a_layernorm.weight"] if lowrank_q else None,
+            q_b=self._split(w[f"{p}.self_attn.q_b_proj.weight" if lowrank_q else f"{p}.self_attn.q_proj.weight"], 0,
+                            self.heads, h),
+            kv_a=w[f"{p}.self_attn.kv_a_proj_with_mqa.weight"],
+            kv_a_norm=w[f"{p}.self_attn.kv_a_layernorm.weight"],
+            w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
+            o_proj=self._split(w[f"{p}.self_attn.o_proj.weight"], 1, self.heads, h),
+        )
+        layer = {"attn": attn, "norm1": w[f"{p}.input_layernorm.weight"],
+                 "norm2": w[f"{p}.post_attention_layernorm.weight"], "moe": cfg.is_moe_layer(i)}
+        if not layer["moe"]:
+            layer["mlp"] = self._mlp(w, f"{p}.mlp", cfg.intermediate_size)
+            return layer
+        layer["router"] = w[f"{p}.mlp.gate.weight"].float()  # [E, hidden]: routing in float32
+        layer["router_bias"] = w[f"{p}.mlp.gate.e_score_correction_bias"].float()  # [E]
+        layer["experts"] = experts[i]
+        layer["moe_index"] = i - cfg.first_k_dense_replace  # its row in expert_load
+        if cfg.n_shared_experts:
+            layer["shared"] = self._mlp(w, f"{p}.mlp.shared_experts", cfg.n_shared_experts * cfg.moe_intermediate_size)
+        return layer
+
+    def forward(self, tokens: torch.Tensor, depths: torch.Tensor, block_mask: torch.Tensor, cache: LatentCache,
+                timer: StepTimer = _NULL_TIMER, hidden_layers: tuple[int, ...] = (),
+                row_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """tokens, depths [N]; block_mask [N, N] bool. Node i sits at position prefix_len + depths[i] and
+        its KV lands in cache row prefix_len + i. Returns float32 logits [N, V] and, when hidden_layers names
+        layers, their outputs concatenated in that order [N, len(hidden_layers) * hidden] (transformers'
+        hidden_states[i + 1] for layer i: the last layer's is after the final norm, as there), else None.
+
+        row_block (the batch-invariant mode): every per-row computation (norms, projections, the FFN, the head)
+        runs on blocks of exactly row_block rows, the last one zero-padded, so a row's result does not depend on
+        how many rows the call holds: a matmul's kernel, and so its reduction order, is chosen by the shape."""
+        cfg = self.cfg
+        captured: dict[int, torch.Tensor] = {}
+        self.expert_load.reset()
+        with timer.range("embed"):
+            x = self.embed[tokens]  # [N, hidden]
+            real = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)  # rowwise pads blocks with False
+            positions = cache.prefix_len + depths
+            cos, sin = cache.cos[positions], cache.sin[positions]  # [N, P/2]
+        for i, layer in enumerate(self.layers):
+            a = layer["attn"]
+            with timer.range(f"layer{i}/attn"):
+                q_lat, q_pe, c, k_pe = rowwise(lambda *t, a=a, layer=layer: self._project(a, layer, *t), row_block,
+                                               x, cos, sin)
+                cache.write(i, c, k_pe)
+                with timer.range("verify_attn"):
+                    o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len,
+                                               block_mask, self.scale, batch_invariant=row_block is not None)
+                x = x + self._reduce(rowwise(lambda o, a=a: self._attention_out(a, o), row_block, o_lat), timer,
+                                     ATTN_REDUCE)
+            with timer.range(f"layer{i}/{'moe' if layer['moe'] else 'mlp'}"):
+                y = rowwise(lambda x, real, layer=layer: self._ffn(layer, x, real, row_block, timer), row_block, x,
+                            real)
+                x = x + self._reduce(y, timer, MOE_COMBINE if layer["moe"] else ATTN_REDUCE)
+            if i in hidden_layers:
+                captured[i] = x
+        with timer.range("lm_head"):
+            x = rowwise(lambda x: rms_norm(x, self.final_norm, cfg.rms_norm_eps), row_block, x)
+            logits = rowwise(lambda x: F.linear(x, self.lm_head), row_block, x).float()
+        captured[cfg.num_hidden_layers - 1] = x  # transformers' last hidden state is after the final norm
+        hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return logits, hidden
+
+    def _project(self, a: _Attention, layer: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row: c [N, R], rope(k_pe) [N, P]."""
+        cfg = self.cfg
+        x = rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
+        n, h = x.shape[0], a.w_uk.shape[0]  # this rank's heads
+        q_in = x if a.q_a is None else rms_norm(F.linear(x, a.q_a), a.q_a_norm, LATENT_NORM_EPS)
+        q = F.linear(q_in, a.q_b).view(n, h, cfg.qk_head_dim)
+        q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+        c_kv, k_pe = F.linear(x, a.kv_a).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()
+        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, a.w_uk).contiguous()
+        return (q_lat, q_pe, rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),
+                apply_rope(k_pe, cos, sin, cfg.rope_interleave))
+
+    def _attention_out(self, a: _Attention, o_lat: torch.Tensor) -> torch.Tensor:
+        """Per row: the latent attention output [N, H, R] mapped back per head (W_UV), then o_proj."""
+        n, h = o_lat.shape[:2]
+        o = torch.einsum("nhr,hvr->nhv", o_lat, a.w_uv).reshape(n, h * self.cfg.v_head_dim)
+        return F.linear(o, a.o_proj)
+
+    def _reduce(self, partial: torch.Tensor, timer: StepTimer, name: str) -> torch.Tensor:
+        """The sum over the ranks of their partial outputs (engine/model/parallel.py); the output itself alone."""
+        if self.shard is None:
+            return partial
+        with timer.range(name):
+            return self.shard.all_reduce(partial)
+
+    def _ffn(self, layer: dict, x: torch.Tensor, real: torch.Tensor, row_block: int | None,
+             timer: StepTimer) -> torch.Tensor:
+        x = rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
+        return self._moe(layer, x, real, row_block is not None, timer) if layer["moe"] else swiglu(x, *layer["mlp"])
+
+    def _moe(self, layer: dict, x: torch.Tensor, real: torch.Tensor, exact: bool, timer: StepTimer) -> torch.Tensor:
+        """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
+        padding, exact asks for the per-row exact layout (the batch-invariant mode). With a shard: this rank's
+        experts' and shared columns' part of the output."""
+        idx, weights = route(self.cfg, x.float() @ layer["router"].T, layer["router_bias"])  # [N, k] each
+        self.expert_load.add(layer["moe_index"], idx, real)
+        held = self.held_experts
+        if held is not None:
+            with timer.range(MOE_DISPATCH):  # every rank holds every token: choosing its assignments moves no bytes
+                idx, weights = local_routing(idx, weights, held.start, held.stop - held.start)
+        if self.moe_path == "sparse":
+            y = sparse_moe(x, idx, weights, layer["experts"], exact, foreign=held is not None)
+        else:
+            y = dense_moe(x, idx, weights, layer["experts"])
+        if "shared" in layer:
+            y = y + swiglu(x, *layer["shared"])
+        return y
+
+
+def rowwise(fn, row_block: int | None, *rows: torch.Tensor):
+    """fn over tensors that share their first (row) dimension: at once, or on blocks of exactly row_block rows
+    (the last zero-padded, its padding dropped from the result). fn returns a tensor or a tuple of them."""
+    if row_block is None:
+        return fn(*rows)
+    n = rows[0].shape[0]
+    padded = [torch.cat([t, t.new_zeros((-n % row_block, *t.shape[1:]))]) for t in rows]
+    blocks = [fn(*(t[s:s + row_block] for t in padded)) for s in range(0, padded[0].shape[0], row_block)]
+    if isinstance(blocks[0], tuple):
+        return tuple(torch.cat(parts)[:n] for parts in zip(*blocks, strict=True))
+    return torch.cat(blocks)[:n]
