@@ -17,7 +17,8 @@ from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
 from engine.loaders.checkpoint import Checkpoint
 from engine.model.fixtures import random_weights
-from engine.model.target import ROW_BLOCK, TargetModel, rowwise
+from engine.model.layers import rowwise
+from engine.model.target import ROW_BLOCK, TargetModel
 from profiling.divergence import NEAR_TIE, REAL, classify, tolerance, verdict
 from profiling.metrics import summarize
 

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from engine.loaders.dflash_config import DFlashConfig
 from engine.loaders.dflash_tensors import LAYER_TENSORS
 from engine.model.dflash_layers import context_features, draft_layer, keys_values
+from engine.model.layers import rms_norm
 from engine.model.rope import cos_sin
-from engine.model.target import rms_norm
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.loaders.dflash_config import DFlashConfig
-from engine.model.target import apply_rope, rms_norm, swiglu
+from engine.model.layers import apply_rope, rms_norm, swiglu
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

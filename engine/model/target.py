@@ -18,6 +18,7 @@ import kernels
 from engine.config import LATENT_NORM_EPS, ModelConfig
 from engine.loaders.checkpoint import Checkpoint
 from engine.model.cache import LatentCache
+from engine.model.layers import apply_rope, rms_norm, rowwise, swiglu
 from engine.model.moe import (
     ExpertLoad,
     Experts,
@@ -39,26 +40,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MOE_PATHS = ("sparse", "dense")  # each token's top-k experts (engine/model/moe.py), or every expert: the reference
 ROW_BLOCK = 16  # rows per block in the batch-invariant mode: AR's single row is padded to one block
 _NULL_TIMER = StepTimer(enabled=False)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-
-
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
-    """x [..., P] with cos/sin [N, P/2] broadcast over the middle dims; NeoX rotate-half layout.
-    interleave=True first permutes (x0, x1, x2, ...) to evens-then-odds, as transformers does."""
-    if interleave:
-        x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
-    c, s = cos.view(shape), sin.view(shape)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
 @dataclass(slots=True)
@@ -273,16 +254,3 @@ class TargetModel:
         if "shared" in layer:
             y = y + swiglu(x, *layer["shared"])
         return y
-
-
-def rowwise(fn, row_block: int | None, *rows: torch.Tensor):
-    """fn over tensors that share their first (row) dimension: at once, or on blocks of exactly row_block rows
-    (the last zero-padded, its padding dropped from the result). fn returns a tensor or a tuple of them."""
-    if row_block is None:
-        return fn(*rows)
-    n = rows[0].shape[0]
-    padded = [torch.cat([t, t.new_zeros((-n % row_block, *t.shape[1:]))]) for t in rows]
-    blocks = [fn(*(t[s:s + row_block] for t in padded)) for s in range(0, padded[0].shape[0], row_block)]
-    if isinstance(blocks[0], tuple):
-        return tuple(torch.cat(parts)[:n] for parts in zip(*blocks, strict=True))
-    return torch.cat(blocks)[:n]

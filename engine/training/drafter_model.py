@@ -17,8 +17,8 @@ from torch import nn
 from engine.loaders.dflash_config import DFlashConfig
 from engine.loaders.dflash_tensors import tensor_shapes
 from engine.model.dflash_layers import context_features, draft_layer, keys_values
+from engine.model.layers import rms_norm
 from engine.model.rope import cos_sin
-from engine.model.target import rms_norm
 
 
 class DrafterLM(nn.Module):

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import LATENT_NORM_EPS, ModelConfig
+from engine.model.layers import apply_rope, rms_norm
 from engine.model.moe import dense_weights, route
 from engine.model.rope import rope_tables
-from engine.model.target import apply_rope, rms_norm
 
 INIT_STD = 0.02  # transformers' DeepseekV3Config.initializer_range
 

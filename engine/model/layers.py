@@ -1,0 +1,39 @@
+"""The layer functions the target, the DFlash drafter and the trainers share: RMSNorm, SwiGLU, RoPE, and rows in
+fixed blocks (the batch-invariant mode's matmuls)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """x [..., P] with cos/sin [N, P/2] broadcast over the middle dims; NeoX rotate-half layout.
+    interleave=True first permutes (x0, x1, x2, ...) to evens-then-odds, as transformers does."""
+    if interleave:
+        x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
+    c, s = cos.view(shape), sin.view(shape)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def rowwise(fn, row_block: int | None, *rows: torch.Tensor):
+    """fn over tensors that share their first (row) dimension: at once, or on blocks of exactly row_block rows
+    (the last zero-padded, its padding dropped from the result). fn returns a tensor or a tuple of them."""
+    if row_block is None:
+        return fn(*rows)
+    n = rows[0].shape[0]
+    padded = [torch.cat([t, t.new_zeros((-n % row_block, *t.shape[1:]))]) for t in rows]
+    blocks = [fn(*(t[s:s + row_block] for t in padded)) for s in range(0, padded[0].shape[0], row_block)]
+    if isinstance(blocks[0], tuple):
+        return tuple(torch.cat(parts)[:n] for parts in zip(*blocks, strict=True))
+    return torch.cat(blocks)[:n]
