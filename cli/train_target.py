@@ -146,7 +146,6 @@ def train_target(args: argparse.Namespace) -> int:
         trainer.history.tokenizer_source = str(args.tokenizer or "train_bpe on the train split")
     else:
         trainer.restore(state)
-        trainer.history.resumed_at.append(trainer.step)
     trainer.history.commands.append(command_line(args))
     setup_s = time.perf_counter() - started
     stop_at = args.pause_at or recipe.steps
