@@ -61,6 +61,22 @@ class ExpertTraffic:
 
 
 @dataclass(slots=True)
+class BudgetChoice:
+    """What `--budget auto` decided at one step (engine/decoding/budget.py): the budget buckets it chose among,
+    the expected accepted drafted tokens and the predicted step seconds at each, their ratio (expected tokens per
+    second), and the per-depth confidence correction it applied. drafted=False: an AR step taken without a draft
+    (the policy backs off from a drafter whose trees do not pay); its curves are the last drafted step's."""
+
+    chosen: int  # the verified budget (0: the root alone)
+    drafted: bool
+    buckets: list[int]
+    expected: list[float]  # 1 + expected accepted is the expected tokens the step commits
+    cost_s: list[float]
+    value: list[float]  # (1 + expected) / cost_s
+    confidence: list[float]  # realised / predicted acceptance per depth (index 0, the root: 1)
+
+
+@dataclass(slots=True)
 class StepRecord:
     """One decode step (AR: a tree of just the root)."""
 
@@ -79,6 +95,7 @@ class StepRecord:
     probs: NodeProbs | None = None  # what the target and the drafter give each node (engine/decoding/node_probs.py)
     committed_text: str | None = None  # the committed tokens as text (None: the model has no tokenizer)
     experts: ExpertTraffic | None = None  # routed experts the verify touched (None: the target has no MoE layer)
+    budget: BudgetChoice | None = None  # the auto budget's decision (None: a fixed budget, AR or the chain)
 
     @property
     def num_accepted(self) -> int:

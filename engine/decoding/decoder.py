@@ -122,9 +122,14 @@ class Decoder:
             return ops.tree_build(draft, self.root, self.cfg.budget), draft
 
     def _step_tensors(self) -> _StepTensors:
-        t, dev = self.timer, self.model.device
         prefix_len = self.cache.prefix_len.clone()
         tree, draft = self._draft()
+        return self._verify_and_commit(prefix_len, tree, draft)
+
+    def _verify_and_commit(self, prefix_len: torch.Tensor, tree: tuple[torch.Tensor, ...],
+                           draft: torch.Tensor | None) -> _StepTensors:
+        """Verify the tree, accept its path, compact the cache, commit the tokens and tell the drafter."""
+        t, dev = self.timer, self.model.device
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
             logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers,

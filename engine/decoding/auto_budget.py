@@ -1,0 +1,184 @@
+"""DDTree with its budget chosen every step (`--budget auto`, `auto:MAX`): the tree is built once at MAX and the
+policy of engine/decoding/budget.py picks the truncation to verify, b = 0 included.
+
+A drafted step runs in two parts: the draft (propose, tree_build at MAX, the expected accepted tokens at every
+bucket), then one small device-to-host read of those few numbers, the choice, and the verify of the chosen
+truncation (the first b + 1 nodes of the tree and the top-left block of its mask). With CUDA graphs each part is
+a captured graph: one for the draft and one per bucket for the verify, all over the same static buffers. When the
+best choice is b = 0 the drafts are not paying, so the next steps are AR steps taken without a draft (the drafter
+still takes in each committed token), for 1, 2, 4, ... steps while drafting keeps choosing 0; a drafted step that
+chooses b > 0 ends the back-off. Every step verifies a valid tree, so the output is AR's whatever is chosen.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+from engine.config import DecodeConfig
+from engine.decoding.budget import (
+    Calibration,
+    Choice,
+    CostTable,
+    buckets_up_to,
+    choose,
+    expected_accepted,
+    reach_by_depth,
+)
+from engine.decoding.decoder import Decoder, _StepTensors
+from engine.decoding.trees import root_tree
+from engine.drafters import Drafter
+from engine.model.target import TargetModel
+from engine.records import BudgetChoice, StepRecord
+from engine.timers import StepTimer
+from kernels import ops
+
+MAX_BACKOFF = 64  # AR steps at most between two drafted probes
+CALIBRATION_REPEATS = 2  # timed forwards per bucket at start-up (after one untimed)
+# Start-up step costs per model and decode setting, measured once per process (weak: they go with the model).
+_COSTS: weakref.WeakKeyDictionary[TargetModel, dict[tuple, list[float]]] = weakref.WeakKeyDictionary()
+
+
+def truncate(tree: Sequence[torch.Tensor], budget: int) -> tuple[torch.Tensor, ...]:
+    """The first budget + 1 nodes of a best-first tree (views), and a copy of its mask's top-left block (verify_attn
+    reads a contiguous mask; (b + 1)^2 bytes)."""
+    tokens, parents, depths, ranks, scores, visibility = tree
+    n = budget + 1
+    return tokens[:n], parents[:n], depths[:n], ranks[:n], scores[:n], visibility[:n, :n].contiguous()
+
+
+class AutoBudgetDecoder(Decoder):
+    """DDTree whose every step verifies the truncation with the most expected tokens per second."""
+
+    def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig, drafter: Drafter,
+                 timer: StepTimer | None = None, cuda_graph: bool = False) -> None:
+        super().__init__(model, prompt, cfg, "ddtree", drafter, timer, cuda_graph)
+        dev = model.device
+        self.buckets = buckets_up_to(cfg.budget)
+        self.calibration = Calibration(self.depth)
+        self._bucket_index = torch.tensor(self.buckets, device=dev)
+        self._factors = torch.ones(self.depth + 1, device=dev)
+        self.costs = CostTable(self.buckets, list(self._startup_costs()))
+        self.ar_steps_left = 0  # AR steps to take before the next drafted probe
+        self.backoff = 1
+        self.last_choice: Choice | None = None
+        self._drafted = False  # whether the step in flight drafted
+        self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
+        self._graph_out: dict[object, object] = {}
+        self._to_capture: list[object] = []
+        self._advance_s = 0.0
+
+    # -- start-up calibration --------------------------------------------------------------------
+    def _startup_costs(self) -> list[float]:
+        """Seconds of a step at each bucket on this model, measured once per process for these settings: the draft
+        and a verify forward of the real tree's first b + 1 nodes (its KV rows land in scratch slots past the
+        prefix; nothing is committed). Bucket 0 is an AR step without a draft."""
+        key = (self.drafter.name, self.buckets, self.cfg.dtype, self.cfg.batch_invariant, self.depth)
+        known = _COSTS.setdefault(self.model, {})
+        if key not in known:
+            known[key] = [self._time(lambda b=b: self._calibration_step(b)) for b in self.buckets]
+        return known[key]
+
+    def _calibration_step(self, budget: int) -> None:
+        tree = root_tree(self.root) if budget == 0 else truncate(self._draft_part()[0], budget)
+        tokens, _, depths, _, _, visibility = tree
+        self.model.forward(tokens, depths, visibility, self.cache, hidden_layers=self.hidden_layers,
+                           row_block=self.row_block)
+
+    def _time(self, fn) -> float:
+        fn()  # untimed: first-touch allocations and kernel selection stay out
+        best = float("inf")
+        for _ in range(CALIBRATION_REPEATS):
+            self._sync()
+            start = time.perf_counter()
+            fn()
+            self._sync()
+            best = min(best, time.perf_counter() - start)
+        return max(best, 1e-9)
+
+    def _sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+
+    # -- the step ----------------------------------------------------------------------------------
+    def _draft_part(self) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the tree at MAX, the draft, the prefix length before the step, expected accepted at each bucket)."""
+        prefix_len = self.cache.prefix_len.clone()
+        with self.timer.range("draft"):
+            draft = self.drafter.propose(self.root, self.num_generated)
+        with self.timer.range("tree_build"):
+            tree = ops.tree_build(draft, self.root, self.cfg.budget)
+        expected = expected_accepted(tree[4], tree[2], self._factors).index_select(0, self._bucket_index)
+        return tuple(tree), draft, prefix_len, expected
+
+    def _run(self, key: object, fn):
+        """fn's outputs: from its captured graph where there is one, else run eagerly (and captured after this
+        step, when CUDA graphs are on and the inputs it reads are a captured graph's static buffers)."""
+        if key in self._graphs:
+            self._graphs[key].replay()
+            return self._graph_out[key]
+        if self.cuda_graph and (key == "draft" or key == "ar" or "draft" in self._graphs):
+            self._to_capture.append((key, fn))
+        return fn()
+
+    def advance(self) -> _StepTensors:
+        start = time.perf_counter()
+        if self.ar_steps_left > 0:
+            self.ar_steps_left -= 1
+            self._drafted = False
+            out = self._run("ar", lambda: self._verify_and_commit(self.cache.prefix_len.clone(),
+                                                                  root_tree(self.root), None))
+        else:
+            self._drafted = True
+            tree, draft, prefix_len, expected = self._run("draft", self._draft_part)
+            choice = choose(expected.tolist(), self.costs)  # the step's one small device-to-host read
+            self.last_choice = choice
+            if choice.budget == 0:
+                self.ar_steps_left, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
+            else:
+                self.backoff = 1
+            out = self._run(("verify", choice.budget),
+                            lambda: self._verify_and_commit(prefix_len, truncate(tree, choice.budget), draft))
+        self._sync()
+        self._advance_s = time.perf_counter() - start
+        return out
+
+    @property
+    def graph_captured(self) -> bool:
+        return bool(self._graphs)
+
+    def capture_graph(self) -> None:
+        """Capture the parts that ran eagerly this step (the base class calls this once; here after every step)."""
+        timer, self.timer = self.timer, StepTimer(self.model.device, enabled=False)
+        for key, fn in self._to_capture:
+            if key not in self._graphs:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self._graph_out[key] = fn()
+                self._graphs[key] = graph
+        self._to_capture.clear()
+        self.timer = timer
+
+    def step(self) -> StepRecord:
+        record = super().step()  # the base class captures what ran eagerly (capture_graph) when graphs are on
+        self._learn(record)
+        return record
+
+    def _learn(self, record: StepRecord) -> None:
+        """The step's device time refreshes its bucket's cost (bucket 0: the AR step without a draft; a drafted step
+        that chose 0 paid for a draft too, so it refreshes nothing), and a drafted step's outcome refreshes the
+        per-depth confidence."""
+        choice = self.last_choice
+        chosen = choice.budget if self._drafted else 0
+        if not self._drafted or chosen > 0:
+            self.costs.observe(chosen, self._advance_s)
+        if self._drafted:
+            reach = reach_by_depth(torch.tensor(record.tree.scores), torch.tensor(record.tree.depths), self.depth)
+            self.calibration.update(reach.tolist(), record.num_accepted)
+            self._factors.copy_(torch.tensor(self.calibration.factors()))
+        if choice is not None:
+            record.budget = BudgetChoice(chosen=chosen, drafted=self._drafted, buckets=list(self.buckets),
+                                         expected=list(choice.expected), cost_s=list(choice.cost_s),
+                                         value=list(choice.value), confidence=self.calibration.factors())

@@ -1,0 +1,189 @@
+"""`--budget auto`: the policy's arithmetic against brute force, and the decoder it drives against AR (lossless
+whatever it chooses: greedy, sampled under a seed, and bit for bit in the batch-invariant mode)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from greedy import assert_greedy_equal, assert_sampled_equal
+from test_decode import check_step_invariants
+
+from engine.config import DecodeConfig
+from engine.decoding.auto_budget import AutoBudgetDecoder, truncate
+from engine.decoding.budget import (
+    Calibration,
+    CostTable,
+    buckets_up_to,
+    choose,
+    expected_accepted,
+    reach_by_depth,
+)
+from engine.decoding.decoder import ARDecoder
+from engine.decoding.session import continuation_of
+from engine.drafters import DrafterSpec, DraftTarget, build_drafter
+from engine.model.target import TargetModel
+from kernels import ops
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoint):
+    return tiny_checkpoint, TargetModel.from_checkpoint(tiny_checkpoint)
+
+
+def random_tree(seed: int, budget: int, depth: int = 7, vocab: int = 50):
+    gen = torch.Generator().manual_seed(seed)
+    draft = torch.log_softmax(3 * torch.randn(depth, vocab, generator=gen), -1)
+    return ops.tree_build(draft, torch.tensor(0), budget)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_expected_accepted_is_the_prefix_sum_of_path_probabilities(seed):
+    tree = random_tree(seed, 64)
+    factors = torch.rand(8, generator=torch.Generator().manual_seed(seed)) * 2
+    got = expected_accepted(tree.scores, tree.depths, factors)
+    scores, depths = tree.scores.tolist(), tree.depths.tolist()
+    for b in (0, 1, 7, 33, 64):
+        want = sum(min(1.0, math.exp(scores[i]) * float(factors[depths[i]])) for i in range(1, b + 1))
+        assert got[b].item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_truncation_is_a_valid_tree_with_its_own_mask(seed):
+    tree = random_tree(seed, 64)
+    for b in (0, 1, 16, 64):
+        tokens, parents, depths, _, scores, visibility = truncate(tree, b)
+        assert tokens.shape == (b + 1,) and visibility.shape == (b + 1, b + 1)
+        assert all(parents[i] < i for i in range(1, b + 1)), "a parent precedes its children"
+        small = ops.tree_build(torch.log_softmax(3 * torch.randn(7, 50, generator=torch.Generator().manual_seed(
+            seed)), -1), torch.tensor(0), b)
+        assert torch.equal(small.tokens, tokens) and torch.equal(small.visibility, visibility), \
+            "the truncation at b is the tree tree_build builds at budget b"
+
+
+def test_choose_takes_the_most_tokens_per_second_and_ties_go_small():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        buckets = buckets_up_to(int(rng.choice([16, 64, 256])))
+        expected = sorted(rng.uniform(0, 7, len(buckets)))
+        expected[0] = 0.0
+        table = CostTable(buckets, list(rng.uniform(1e-3, 1e-2, len(buckets))))
+        choice = choose(expected, table)
+        values = [(1 + e) / s for e, s in zip(expected, table.seconds, strict=True)]
+        assert choice.budget == buckets[int(np.argmax(values))]
+    flat = CostTable((0, 8, 16), [1.0, 2.0, 3.0])
+    assert choose([0.0, 1.0, 2.0], flat).budget == 0, "equal tokens per second: the smaller budget"
+
+
+def test_cost_table_refuses_bad_times_and_follows_measurements():
+    with pytest.raises(ValueError, match="one positive time per bucket"):
+        CostTable((0, 8), [1.0])
+    with pytest.raises(ValueError, match="one positive time per bucket"):
+        CostTable((0, 8), [1.0, float("nan")])
+    table = CostTable((0, 8), [1.0, 1.0])
+    for _ in range(60):
+        table.observe(8, 3.0)
+    assert table.seconds[1] == pytest.approx(3.0, rel=1e-3) and table.seconds[0] == 1.0
+
+
+@pytest.mark.parametrize("truth", [0.25, 0.5, 1.0])
+def test_calibration_learns_a_drafters_overconfidence(truth):
+    """A drafter whose every depth is accepted `truth` times as often as it claims: the factors converge there."""
+    rng = np.random.default_rng(1)
+    cal = Calibration(num_depths=4)
+    claimed = 0.8  # the drafter's probability of its one node per depth (a chain), cumulative along the path
+    for _ in range(4000):
+        reach = [0.0] + [claimed ** d for d in range(1, 5)]
+        accepted = 0
+        while accepted < 4 and rng.random() < truth * claimed ** (accepted + 1) / claimed ** accepted:
+            accepted += 1
+        cal.update(reach, accepted)
+    got = cal.factors()
+    assert got[0] == 1.0
+    for d in range(1, 5):
+        assert got[d] == pytest.approx(truth ** d, rel=0.15, abs=0.02), (d, got)
+
+
+def test_reach_by_depth_sums_each_depths_nodes():
+    tree = random_tree(3, 32)
+    reach = reach_by_depth(tree.scores, tree.depths, 7)
+    for d in range(1, 8):
+        want = sum(math.exp(s) for s, dd in zip(tree.scores.tolist(), tree.depths.tolist(), strict=True) if dd == d)
+        assert reach[d].item() == pytest.approx(want, rel=1e-5, abs=1e-7)
+    assert reach[0] == 0
+
+
+def auto_decoder(ckpt, model, cfg, spec, known=None):
+    prompt = ckpt.prompt.tolist()
+    target = DraftTarget(model, prompt, cfg, continuation_of(ckpt, prompt, cfg, model, known))
+    return AutoBudgetDecoder(model, prompt, cfg, build_drafter(spec, target))
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3, 0.8])
+@pytest.mark.parametrize("maximum", [16, 64])
+def test_auto_emits_ar_tokens_greedy(tiny, noise, maximum):
+    ckpt, model = tiny
+    cfg = DecodeConfig(budget=maximum, max_new_tokens=24)
+    ar = ARDecoder(model, ckpt.prompt.tolist(), cfg).run()
+    decoder = auto_decoder(ckpt, model, cfg, DrafterSpec(noise=noise, seed=7), ar.tokens)
+    run = decoder.run()
+    assert_greedy_equal(ar.tokens, ar.logits, run.tokens)
+    for step in run.steps:
+        check_step_invariants(step, cfg.num_draft_positions)
+        choice = step.budget
+        assert choice is not None and choice.chosen in decoder.buckets
+        assert step.tree.num_nodes == choice.chosen + 1, "the verified tree is the chosen truncation"
+        assert len(choice.expected) == len(choice.cost_s) == len(choice.value) == len(decoder.buckets)
+        assert all(v == pytest.approx((1 + e) / c) for e, c, v in zip(choice.expected, choice.cost_s,
+                                                                        choice.value, strict=True))
+        if choice.drafted:
+            assert choice.chosen == choice.buckets[int(np.argmax(choice.value))]
+
+
+def test_a_drafter_that_never_hits_backs_off_to_draft_free_ar_steps(tiny, monkeypatch):
+    """Every draft wrong (an oracle whose true token is always dropped): once the confidence correction has seen
+    it, b = 0 wins and steps stop drafting, for longer each time, and the tokens are still AR's. The costs are
+    fixed (drafting doubles a step) so that this machine's timing noise cannot move the choice."""
+    ckpt, model = tiny
+    cfg = DecodeConfig(budget=16, max_new_tokens=64)
+    ar = ARDecoder(model, ckpt.prompt.tolist(), cfg).run()
+    decoder = auto_decoder(ckpt, model, cfg, DrafterSpec(noise=1.0, seed=3), ar.tokens)
+    decoder.costs.seconds[:] = [1.0] + [2.0] * (len(decoder.buckets) - 1)
+    monkeypatch.setattr(decoder.costs, "observe", lambda budget, seconds: None)
+    run = decoder.run()
+    assert_greedy_equal(ar.tokens, ar.logits, run.tokens)
+    undrafted = [s for s in run.steps if not s.budget.drafted]
+    assert len(undrafted) > len(run.steps) // 2, [s.budget.chosen for s in run.steps]
+    assert all(s.tree.num_nodes == 1 and s.budget.chosen == 0 for s in undrafted)
+    drafted_at = [s.index for s in run.steps if s.budget.drafted]
+    gaps = np.diff(drafted_at[-3:])
+    assert (gaps > 1).all() and (np.diff(gaps) >= 0).all(), f"probes further apart each time: {drafted_at}"
+
+
+def test_auto_emits_ar_tokens_when_sampling(tiny):
+    ckpt, model = tiny
+    cfg = DecodeConfig(budget=32, max_new_tokens=24, temperature=0.8, top_p=0.95, seed=5)
+    ar = ARDecoder(model, ckpt.prompt.tolist(), cfg).run()
+    run = auto_decoder(ckpt, model, cfg, DrafterSpec(noise=0.2), ar.tokens).run()
+    assert_sampled_equal(ar, run.tokens, cfg)
+
+
+def test_auto_is_bitwise_ar_in_the_batch_invariant_mode(tiny):
+    ckpt, model = tiny
+    cfg = DecodeConfig(budget=64, max_new_tokens=24, batch_invariant=True)
+    ar = ARDecoder(model, ckpt.prompt.tolist(), cfg).run()
+    run = auto_decoder(ckpt, model, cfg, DrafterSpec(noise=0.3), ar.tokens).run()
+    assert run.tokens == ar.tokens
+    assert np.array_equal(run.logits, ar.logits), "every committed token's logits bit for bit"
+
+
+def test_startup_costs_are_measured_once_per_model_and_setting(tiny, monkeypatch):
+    ckpt, model = tiny
+    cfg = DecodeConfig(budget=16, max_new_tokens=4)
+    first = auto_decoder(ckpt, model, cfg, DrafterSpec())
+    assert all(s > 0 for s in first.costs.seconds) and len(first.costs.seconds) == len(first.buckets)
+    monkeypatch.setattr(AutoBudgetDecoder, "_calibration_step", lambda self, b: pytest.fail("measured again"))
+    again = auto_decoder(ckpt, model, dataclasses.replace(cfg, max_new_tokens=6), DrafterSpec())
+    assert again.costs.seconds == first.costs.seconds and again.costs.seconds is not first.costs.seconds
