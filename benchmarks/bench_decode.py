@@ -43,6 +43,7 @@ from benchmarks.common import (
 )
 from benchmarks.decode_steps import STAGES, Plan, measure_decoder
 from engine.config import DecodeConfig, ModelConfig
+from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, DDTreeDecoder, Decoder
 from engine.drafters.dflash import DFlashDrafter, context_capacity
 from engine.drafters.oracle import OracleDrafter
@@ -140,11 +141,15 @@ def dflash_rows(model: TargetModel, prompt: list[int], plan: Plan, decode_cfg: C
         cfg = decode_cfg(budget, plan.max_new_tokens, layout.block_size)
         capacity = context_capacity(len(prompt), cfg.max_new_tokens, cfg.block_size)
         drafter = DFlashDrafter(layout, weights, model, cfg.num_draft_positions, capacity, "random Kimi-K2.5-shaped")
+        if mode == "auto":  # the budget chosen every step, up to the largest fixed one
+            return AutoBudgetDecoder(model, prompt, cfg, drafter, cuda_graph=graph)
         return Decoder(model, prompt, cfg, mode, drafter, cuda_graph=graph)
 
     rows = []
-    for mode, budget in [("chain", None), *(("ddtree", b) for b in plan.budgets)]:
-        key = {"mode": MODE_LABELS[mode], "budget": budget, "noise": None, "drafter": "dflash"}
+    largest = max(plan.budgets)
+    for mode, budget in [("chain", None), *(("ddtree", b) for b in plan.budgets), ("auto", largest)]:
+        key = {"mode": MODE_LABELS["ddtree" if mode == "auto" else mode], "budget": "auto" if mode == "auto"
+               else budget, "noise": None, "drafter": "dflash"}
         build = functools.partial(make, mode, budget or 0)
         rows.append(guarded(key, lambda key=key, build=build: {**key, **measure_decoder(build, plan, cuda),
                                                                **(extra(build) if extra else {})}))

@@ -60,6 +60,7 @@ from benchmarks.common import (
 )
 from benchmarks.decode_steps import Plan, measure_decoder
 from engine.config import DecodeConfig, ModelConfig
+from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, Decoder
 from engine.drafters.oracle import OracleDrafter
 from engine.model.moe import dense_moe, route, sparse_moe
@@ -118,11 +119,15 @@ def uniform_touched(cfg: ModelConfig, num_nodes: int) -> float:
 
 
 def count_experts(dec: Decoder, num_steps: int) -> dict:
-    """Step with records on: mean touched experts per MoE layer and in all, mean prefix length, the prefill."""
+    """Step with records on: mean touched experts per MoE layer and in all, mean prefix length and verified nodes,
+    the prefill, and (auto budget) how often each budget was chosen."""
     records = [dec.step() for _ in range(num_steps)]
     touched = np.mean([r.experts.touched for r in records], axis=0)
+    chosen = [r.budget.chosen for r in records if r.budget is not None]
     return {"touched_per_layer": touched.tolist(), "touched": float(touched.sum()),
-            "prefix_len": float(np.mean([r.prefix_len for r in records])), "prefill_ms": dec.prefill_ns / 1e6}
+            "prefix_len": float(np.mean([r.prefix_len for r in records])), "prefill_ms": dec.prefill_ns / 1e6,
+            "nodes_verified": float(np.mean([r.tree.num_nodes for r in records])),
+            "chosen": {str(b): chosen.count(b) for b in sorted(set(chosen))} if chosen else None}
 
 
 def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.device) -> tuple[list[dict], list]:
@@ -150,19 +155,23 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
         makers += [({"mode": "DDTree", "budget": b, "noise": noise, "drafter": "oracle"},
                     functools.partial(ddtree_decoder, model, prompt, decode_cfg(b, plan.max_new_tokens), drafter))
                    for b in plan.budgets]
+        makers.append(({"mode": "DDTree", "budget": "auto", "noise": noise, "drafter": "oracle"},
+                       functools.partial(AutoBudgetDecoder, model, prompt,
+                                         decode_cfg(max(plan.budgets), plan.max_new_tokens), drafter)))
     rows = []
     for key, make in makers:
         rows.append(guarded(key, lambda key=key, make=make: {
             **key, **measure_decoder(make, plan, cuda), **count_experts(make(False), num_counted)}))
         if "error" not in rows[-1]:
-            print(f"  {key['mode']} B={key['budget']:4d} noise={key['noise']}: eager {rows[-1]['eager_step_ms']:.3f} "
+            print(f"  {key['mode']} B={key['budget']!s:>4} noise={key['noise']}: eager {rows[-1]['eager_step_ms']:.3f} "
                   f"ms/step, tau {rows[-1]['tau_eager']:.2f}, {rows[-1]['touched']:.1f} experts touched", flush=True)
     if plan.dflash_layers:  # the learned drafter (random Kimi-K2.5-DFlash-shaped weights): chain, then each budget
         _, learned = dflash_rows(model, prompt, plan, lambda budget, max_new, block: dataclasses.replace(
             decode_cfg(budget, max_new), block_size=block), cuda, lambda make: count_experts(make(False), num_counted))
         rows += learned
-    for row in rows:  # the verify's rows: AR's root, the chain's block, the tree's B + 1
-        row["num_nodes"] = plan.dflash_block_size if row["mode"] == "chain" else row["budget"] + 1
+    for row in rows:  # the verify's rows: AR's root, the chain's block, the tree's B + 1 (auto: the mean verified)
+        row["num_nodes"] = (plan.dflash_block_size if row["mode"] == "chain" else row.get("nodes_verified", 1)
+                            if row["budget"] == "auto" else row["budget"] + 1)
     for row in (r for r in rows if "error" not in r):  # greedy-exact: every decoder commits the AR tokens
         row["tokens_match_ar"] = all(tokens == continuation[: len(tokens)] for tokens in row.pop("generated"))
     return rows, [r["prefill_ms"] for r in rows if "error" not in r]
@@ -183,6 +192,22 @@ def add_speedups(rows: list[dict]) -> None:
     for row in (r for r in rows if "error" not in r):
         for mode in ("eager", "graph"):
             row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar.get(f"{mode}_tokens_per_s"))
+
+
+def auto_against_best(rows: list[dict]) -> list[dict]:
+    """Per drafter: the auto budget's tokens/s over the best of AR and every fixed budget (graph where it ran)."""
+    out = []
+    for series in sorted({(r["drafter"], r["noise"]) for r in rows if r.get("budget") == "auto"}, key=str):
+        same = [r for r in rows if "error" not in r and (r["drafter"], r["noise"]) == series]
+        auto = next((r for r in same if r["budget"] == "auto"), None)
+        fixed = [rows[0], *(r for r in same if r["budget"] != "auto" and r["mode"] != "chain")]
+        mode = "graph" if auto and auto.get("graph_tokens_per_s") else "eager"
+        best = max((r for r in fixed if r.get(f"{mode}_tokens_per_s")), key=lambda r: r[f"{mode}_tokens_per_s"])
+        out.append({"drafter": series[0], "noise": series[1], "timing": mode,
+                    "best_fixed": "AR" if best is rows[0] else f"B={best['budget']}",
+                    "auto_over_best": ratio(auto and auto.get(f"{mode}_tokens_per_s"), best[f"{mode}_tokens_per_s"]),
+                    "chosen": " ".join(f"{b}:{n}" for b, n in (auto or {}).get("chosen", {}).items())})
+    return out
 
 
 def add_floors(rows: list[dict], cfg: ModelConfig, itemsize: int, copy_tbps: float) -> None:
@@ -232,6 +257,11 @@ EXPERT_COLUMNS = [
     Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
     Column("touched_mean", "experts touched / MoE layer", "{:.1f}"), Column("uniform_touched", "uniform", "{:.1f}"),
     Column("touched", "touched, all layers", "{:.1f}"), Column("expert_gb", "expert GB / step", "{:.2f}"),
+]
+AUTO_COLUMNS = [
+    Column("drafter", "drafter"), Column("noise", "noise", "{:g}"), Column("timing", "timing"),
+    Column("best_fixed", "best of AR and fixed B"), Column("auto_over_best", "auto / best", "{:.3f}"),
+    Column("chosen", "budgets chosen (B:steps)"),
 ]
 LAYER_COLUMNS = [
     Column("tokens", "tokens", "{}"), Column("touched", "experts touched", "{}"),
@@ -317,11 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{results['prefill_ms'] or 0:.1f} ms, median of {len(prefills)}), block size {plan.block_size}, "
              f"{plan.num_steps} timed steps per decoder, experts counted over {num_counted} more")
     columns = STEP_COLUMNS if shard is None else PARALLEL_STEP_COLUMNS
+    auto = auto_against_best(rows)
+    results["auto"] = auto
     tables = {"setup": setup, "steps": markdown_table(rows, columns), "speedup vs budget": speedup_chart(rows),
-              "experts": markdown_table(rows, EXPERT_COLUMNS)}
+              "auto budget": markdown_table(auto, AUTO_COLUMNS), "experts": markdown_table(rows, EXPERT_COLUMNS)}
     if layers:
         tables["moe layer"] = markdown_table(layers, LAYER_COLUMNS)
-    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{speedup_chart(rows)}\n\n{text_table(rows, EXPERT_COLUMNS)}\n")
+    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{speedup_chart(rows)}\n\n{text_table(auto, AUTO_COLUMNS)}\n\n"
+          f"{text_table(rows, EXPERT_COLUMNS)}\n")
     if layers:
         print(f"{text_table(layers, LAYER_COLUMNS)}\n")
     failed = num_failed(rows) + sum(bool(r.get("graph_error")) for r in rows)

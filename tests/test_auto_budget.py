@@ -187,3 +187,26 @@ def test_startup_costs_are_measured_once_per_model_and_setting(tiny, monkeypatch
     monkeypatch.setattr(AutoBudgetDecoder, "_calibration_step", lambda self, b: pytest.fail("measured again"))
     again = auto_decoder(ckpt, model, dataclasses.replace(cfg, max_new_tokens=6), DrafterSpec())
     assert again.costs.seconds == first.costs.seconds and again.costs.seconds is not first.costs.seconds
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("noise", [0.0, 0.4])
+def test_auto_with_cuda_graphs_emits_ar_tokens(tiny_checkpoint, dtype, noise):
+    """One captured graph for the draft and one per chosen bucket, replayed: the tokens are AR's (bit for bit in
+    the batch-invariant mode, in bfloat16 too), and the step reads at most its few expected values on the host."""
+    ckpt = tiny_checkpoint
+    model = TargetModel.from_checkpoint(ckpt, "cuda", dtype)
+    cfg = DecodeConfig(budget=64, max_new_tokens=48, device="cuda", dtype=dtype, batch_invariant=True)
+    ar = ARDecoder(model, ckpt.prompt.tolist(), cfg).run()
+    prompt = ckpt.prompt.tolist()
+    target = DraftTarget(model, prompt, cfg, continuation_of(ckpt, prompt, cfg, model, ar.tokens))
+    decoder = AutoBudgetDecoder(model, prompt, cfg, build_drafter(DrafterSpec(noise=noise, seed=2), target),
+                                cuda_graph=True)
+    run = decoder.run()
+    assert run.tokens == ar.tokens
+    assert decoder.graph_captured and "draft" in decoder._graphs
+    assert any(isinstance(k, tuple) for k in decoder._graphs), "a verify graph per chosen bucket"

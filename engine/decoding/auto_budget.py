@@ -114,8 +114,8 @@ class AutoBudgetDecoder(Decoder):
         return tuple(tree), draft, prefix_len, expected
 
     def _run(self, key: object, fn):
-        """fn's outputs: from its captured graph where there is one, else run eagerly (and captured after this
-        step, when CUDA graphs are on and the inputs it reads are a captured graph's static buffers)."""
+        """fn's outputs: from its captured graph where there is one, else run eagerly (and captured at the end of
+        this step when CUDA graphs are on and the inputs it reads are a captured graph's static buffers)."""
         if key in self._graphs:
             self._graphs[key].replay()
             return self._graph_out[key]
@@ -143,6 +143,8 @@ class AutoBudgetDecoder(Decoder):
                             lambda: self._verify_and_commit(prefix_len, truncate(tree, choice.budget), draft))
         self._sync()
         self._advance_s = time.perf_counter() - start
+        if self._to_capture:
+            self.capture_graph()
         return out
 
     @property
@@ -150,7 +152,8 @@ class AutoBudgetDecoder(Decoder):
         return bool(self._graphs)
 
     def capture_graph(self) -> None:
-        """Capture the parts that ran eagerly this step (the base class calls this once; here after every step)."""
+        """Capture the parts that ran eagerly in this step (advance calls it; the base class's call after the first
+        step finds nothing left to capture)."""
         timer, self.timer = self.timer, StepTimer(self.model.device, enabled=False)
         for key, fn in self._to_capture:
             if key not in self._graphs:
@@ -162,7 +165,7 @@ class AutoBudgetDecoder(Decoder):
         self.timer = timer
 
     def step(self) -> StepRecord:
-        record = super().step()  # the base class captures what ran eagerly (capture_graph) when graphs are on
+        record = super().step()
         self._learn(record)
         return record
 
