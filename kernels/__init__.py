@@ -2,7 +2,10 @@
 
 `load()` compiles csrc/ops.cpp and csrc/cpu/*.cpp (plus csrc/cuda/*.cu and csrc/cuda/binding.cpp where torch
 sees a GPU) with torch.utils.cpp_extension.load into a build directory named after the torch version, the
-device kind and a hash of the sources and flags, so a second process reuses the build. Loading a second
+device kind and a hash of the sources, the flags, this checkout's path and the interpreter, so a second process
+reuses the build. ninja records the sources' absolute paths and the include directories, so two checkouts (or two
+virtual environments) sharing one directory would rebuild each other's library in every process: each gets its
+own. While it builds or waits for another builder, it says so on stderr. Loading a second
 library that registers the `ddtree` namespace aborts the process, hence the single cached load.
 
 The build directory's guards (the builders' lock, the library's record and its error-path check) are in
@@ -17,6 +20,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -83,6 +87,9 @@ def _load_once() -> _Loaded:
     with build_lock(plan.build_dir, _lock_timeout_s()):
         discard_unverified(library)
         before = _mtime_ns(library)
+        if before is None:
+            print(f"building the ddtree ops in {plan.build_dir} (once per checkout: a few minutes)", file=sys.stderr,
+                  flush=True)
         _build_and_load(plan)
         check_error_path(library)
     info = {
@@ -150,10 +157,12 @@ def _cuda_arch_flags() -> list[str]:
 
 
 def _digest(files: list[Path], flags: list[str]) -> str:
+    """The build's identity: the sources' contents, the flags, and what ninja records besides them (the sources'
+    absolute directory, and the interpreter whose torch and Python headers the build includes)."""
     h = hashlib.sha256()
     for path in files:
         h.update(str(path.relative_to(CSRC)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update("\0".join(flags).encode())
+    h.update("\0".join([*flags, str(CSRC.resolve()), sys.prefix, sys.executable]).encode())
     return h.hexdigest()[:12]
 
 

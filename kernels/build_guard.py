@@ -124,9 +124,15 @@ def build_lock(build_dir: Path, timeout_s: float) -> Iterator[None]:
     except OSError as e:
         raise _unwritable(build_dir, e) from e
     with f:
+        said = False
         while not _try_flock(f):
             if time.monotonic() > deadline:
                 raise _held_error(lock, owner, _read_pid(owner), timeout_s)
+            if not said:
+                pid = _read_pid(owner)
+                print(f"waiting for the ddtree op build in {build_dir}: {f'process {pid}' if pid else 'a builder'} "
+                      f"holds {owner}", file=sys.stderr, flush=True)
+                said = True
             time.sleep(_POLL_S)
         try:
             try:

@@ -105,6 +105,29 @@ def test_second_process_reuses_the_cached_build(built_dir):
     assert child["load_seconds"] < 5.0 and elapsed < 60.0
 
 
+PRINT_DEFAULT_BUILD_DIR = "import kernels; print(kernels.make_plan().build_dir)"
+
+
+def test_two_checkouts_get_build_directories_of_their_own(tmp_path):
+    """ninja records the sources' absolute paths: a second checkout of the same sources sharing the first one's
+    build directory would rebuild it in every process, so its default directory differs, and stays the same from
+    one process to the next."""
+    other = tmp_path / "checkout"
+    shutil.copytree(REPO / "kernels", other / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "DDTREE_BUILD_DIR"}
+
+    def default_dir(root: Path) -> str:
+        out = subprocess.run([sys.executable, "-c", PRINT_DEFAULT_BUILD_DIR], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    here, there = default_dir(REPO), default_dir(other)
+    assert here != there
+    assert default_dir(other) == there and default_dir(REPO) == here
+    assert Path(here).parent == Path(there).parent, "both under the one cache directory"
+
+
 def test_stale_lock_of_a_dead_builder_is_cleared(tmp_path):
     lock, owner = tmp_path / "lock", tmp_path / "lock.owner"
     lock.touch()
@@ -196,6 +219,7 @@ def test_load_with_a_live_held_lock_fails_naming_the_file(tmp_path, live_builder
     assert result.returncode != 0
     lock = tmp_path / "lock"
     assert f"ExtensionBuildError: the build lock {lock} has been held by process {pid}" in result.stderr
+    assert f"waiting for the ddtree op build in {tmp_path}: process {pid} holds {lock}.owner" in result.stderr
 
 
 def test_a_truncated_library_is_linked_again_not_loaded(built_dir, tmp_path):
