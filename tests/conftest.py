@@ -1,11 +1,39 @@
-"""Shared fixtures: the committed tiny model, and the tiny training recipe's target (trained once per session)."""
+"""Shared fixtures: the committed tiny model, the tiny training recipe's target (trained once per session), and
+the network guard that fails any test (or any process it starts) reaching beyond this machine (netguard/)."""
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pathlib
+import sys
 
 import pytest
+
+NETGUARD = pathlib.Path(__file__).parent / "netguard"
+sys.path.insert(0, str(NETGUARD))
+import offline_guard  # noqa: E402 - found on the path just set
+
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(NETGUARD), os.environ.get("PYTHONPATH")) if p)
+offline_guard.install()
+
+
+@pytest.fixture(scope="session")
+def netguard_log(tmp_path_factory) -> pathlib.Path:
+    log = tmp_path_factory.mktemp("netguard") / "refused.log"
+    log.touch()
+    os.environ[offline_guard.LOG_ENV] = str(log)
+    return log
+
+
+@pytest.fixture(autouse=True)
+def no_network_beyond_this_machine(netguard_log):
+    """Fails the test during which this process or any it started tried to reach another machine."""
+    before = netguard_log.stat().st_size
+    yield
+    grown = netguard_log.read_text()[before:]
+    if grown:
+        pytest.fail(f"a connection beyond this machine was attempted (and refused):\n{grown[:3000]}")
 
 TINY_FIXTURE = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 
