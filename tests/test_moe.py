@@ -335,5 +335,8 @@ def test_reports_and_metrics_carry_the_expert_traffic():
         if mode == "ar":
             assert max(traffic["touched"]) <= ckpt.config.num_experts_per_tok
     summary = doc["summaries"]["ddtree"]
-    assert summary["expert_traffic"] == pytest.approx(metrics.expert_traffic(runs["ddtree"]))
+    expected = metrics.expert_traffic(runs["ddtree"])
+    assert summary["expert_traffic"].keys() == expected.keys()
+    for key, value in expected.items():  # approx takes no list inside a dict (pytest >= 9.2): one field at a time
+        assert summary["expert_traffic"][key] == pytest.approx(value), key
     assert summary["ar_expert_traffic"]["touched_total"] <= summary["expert_traffic"]["touched_total"]
