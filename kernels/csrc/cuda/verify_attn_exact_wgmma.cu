@@ -1,0 +1,436 @@
+// verify_attn's batch-invariant tensor-core kernel (design: verify_attn_exact_wgmma.cuh). The tile step is the
+// fast kernel's (verify_attn_wgmma.cu: warpgroup 0 computes S, the softmax and half of P V, warpgroup 1 loads
+// the next tile and computes the other half); what differs is which rows a tile holds and how splits fold.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "common.cuh"
+#include "verify_attn_exact_wgmma.cuh"
+#include "verify_attn_mma.cuh"
+#include "verify_attn_wgmma.cuh"
+#include "verify_attn_wgmma_tile.cuh"
+#include "wgmma.cuh"
+
+namespace ddtree::cuda::exact_sm90 {
+namespace {
+
+using namespace tc_sm90;  // tile shapes, load_tile, scale_rows
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kGroupRows = kSplitRows * kGroupSplits;
+constexpr int kFoldReady = 2;  // named barrier: warpgroup 0 wrote the fold coefficients
+constexpr int kRowsReady = 3;  // named barrier over warpgroup 1: the next tile's row map is written
+constexpr int kCombineThreads = kLat / 4;
+constexpr size_t kExactSmemBytes = 1024 + 3 * size_t{kTileBytes} + kPBytes + 3 * kRows * sizeof(float) +
+                                   kRows * sizeof(int);
+static_assert(kExactSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
+
+__host__ __device__ inline int num_slots(int cache_rows, bool group_per_block) {
+  return ceil_div(cache_rows, group_per_block ? kGroupRows : kSplitRows);
+}
+
+// The workspace: [slots, N*H, R] unnormalised outputs, then [slots, N*H, 2] (max in log2 units, sum).
+struct Partials {
+  float* o;
+  float* ml;
+  size_t num_rows;
+};
+
+__device__ __forceinline__ Partials partials(const VerifyAttnExactArgs<bf16>& a) {
+  const size_t num_rows = static_cast<size_t>(a.num_nodes) * a.num_heads;
+  const size_t slots = num_slots(a.cache_rows, a.group_per_block);
+  return {a.workspace, a.workspace + slots * num_rows * kLat, num_rows};
+}
+
+__device__ __forceinline__ int clamped_prefix(const VerifyAttnExactArgs<bf16>& a) {
+  const int64_t raw = *a.prefix_len;
+  return static_cast<int>(min(max(raw, int64_t{0}), static_cast<int64_t>(a.cache_rows - a.num_nodes)));
+}
+
+// One fold step, (M, L, O) <- fold((M, L, O), (m, l, o)): the coefficients a, b of the state and the part.
+struct Fold {
+  float a, b;
+};
+__device__ __forceinline__ Fold fold_ml(float& big_m, float& big_l, float m, float l) {
+  const float m_new = fmaxf(big_m, m);
+  const Fold f{exp2f(big_m - m_new), exp2f(m - m_new)};
+  big_l = __fmaf_rn(big_l, f.a, __fmul_rn(l, f.b));
+  big_m = m_new;
+  return f;
+}
+__device__ __forceinline__ float fold_o(float state, float part, Fold f) {
+  return __fmaf_rn(state, f.a, __fmul_rn(part, f.b));
+}
+
+// The node's visible block rows in index order, found by one warp reading its mask row 32 entries at a time:
+// rows[k - k_lo] = prefix + (the k-th visible index) for k in [k_lo, k_hi). `j` and `count` (the chunk to read
+// next and the visible entries before it) carry over to the next call, which asks for the rows after k_hi.
+struct Cursor {
+  int j = 0, count = 0;
+};
+__device__ __forceinline__ void find_block_rows(const bool* mask_row, int num_nodes, int prefix, int k_lo, int k_hi,
+                                                Cursor& c, int* rows, int lane) {
+  while (c.j < num_nodes) {
+    const int j = c.j + lane;
+    const bool visible = j < num_nodes && mask_row[j];
+    const unsigned bits = __ballot_sync(kFullMask, visible);
+    const int k = c.count + __popc(bits & ((1u << lane) - 1u));
+    if (visible && k >= k_lo && k < k_hi) rows[k - k_lo] = prefix + j;
+    const int total = c.count + __popc(bits);
+    if (total >= k_hi) return;  // the chunk may hold the next tile's first rows: read it again then
+    c.count = total;
+    c.j += kWarpSize;
+  }
+}
+
+// Block (query tile, slot): the tile is heads [64 t, 64 t + 64) of one node, the slot a split (or a group
+// when kGroupPerBlock) of its logical positions.
+template <bool kGroupPerBlock>
+__global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(VerifyAttnExactArgs<bf16> a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t s_raw[];
+  uint8_t* s_q = s_raw + ((1024 - (smem_addr(s_raw) & 1023)) & 1023);
+  uint8_t* s_p = s_q + 3 * kTileBytes;
+  float* s_alpha = reinterpret_cast<float*>(s_p + kPBytes);
+  float* s_fa = s_alpha + kRows;  // fold coefficients of a row: the state's, the split's
+  float* s_fb = s_fa + kRows;
+  int* s_rows = reinterpret_cast<int*>(s_fb + kRows);  // the cache rows of the next tile's block positions
+
+  const int group = threadIdx.x / kGroupThreads;
+  const int warp = threadIdx.x / kWarpSize % 4;
+  const int lane = threadIdx.x % kWarpSize;
+  const int q4 = lane % 4;
+  const int row_lo = 16 * warp + lane / 4;
+  const int tiles_per_node = ceil_div(a.num_heads, kRows);
+  const int node = blockIdx.x / tiles_per_node;
+  const int head0 = blockIdx.x % tiles_per_node * kRows;
+  const int tile_heads = min(kRows, a.num_heads - head0);
+  const int qrow0 = node * a.num_heads + head0;
+  const int prefix = clamped_prefix(a);
+  const bool* mask_row = a.block_mask + static_cast<size_t>(node) * a.num_nodes;
+  const int span = kGroupPerBlock ? kGroupRows : kSplitRows;
+  const int begin = blockIdx.y * span;
+  const Partials ws = partials(a);
+  float* slot_o = ws.o + (blockIdx.y * ws.num_rows + qrow0) * kLat;
+  float* slot_ml = ws.ml + 2 * (blockIdx.y * ws.num_rows + qrow0);
+
+  int count = 0;  // the node's visible block rows
+  for (int j0 = 0; j0 < a.num_nodes; j0 += kThreads) {
+    const int j = j0 + threadIdx.x;
+    count += __syncthreads_count(j < a.num_nodes && mask_row[j]);
+  }
+  const int len = prefix + count;
+  const int end = min(len, begin + span);
+  if (begin >= end) {  // past the node's keys: an empty partial, which the combine step skips
+    for (int r = threadIdx.x; r < tile_heads; r += kThreads) {
+      slot_ml[2 * r] = neg_inf();
+      slot_ml[2 * r + 1] = 0.0f;
+    }
+    return;
+  }
+
+  Cursor cursor;  // warp 0 of warpgroup 1 maps every tile's block positions
+  const bool mapper = group == 1 && warp == 0;
+  const auto map_rows = [&](int t0) {
+    if (t0 + kRows > prefix) {
+      find_block_rows(mask_row, a.num_nodes, prefix, max(t0, prefix) - prefix, min(t0 + kRows, len) - prefix, cursor,
+                      s_rows, lane);
+    }
+  };
+  const auto row_of = [&](int t0) {
+    const int base = max(t0, prefix);
+    return [=](int u) { return u < prefix ? u : s_rows[u - base]; };
+  };
+  if (mapper) map_rows(begin);
+  __syncthreads();
+  const uint32_t q_addr = smem_addr(s_q);
+  load_tile<kThreads>(q_addr, a.q_lat, a.q_pe, qrow0, qrow0 + tile_heads, threadIdx.x);
+  load_tile<kThreads>(q_addr + kTileBytes, a.ckv, a.kpe, begin, end, threadIdx.x, row_of(begin));
+  cp_async_commit();
+
+  const float scale_log2 = a.scale * kLog2e;
+  float m_run[2], l_run[2], m_state[2], l_state[2];  // warpgroup 0: this split's, and the group's folded
+  float o[kHalfCols / 2];
+  int buf = 0;
+  for (int tile = begin; tile < end; tile += kRows, buf ^= 1) {
+    const bool split_first = (tile - begin) % kSplitRows == 0;
+    if (split_first) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m_run[h] = neg_inf(), l_run[h] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kHalfCols / 2; ++i) o[i] = 0.0f;
+    }
+    cp_async_wait_all();
+    wg::fence_proxy_async();
+    __syncthreads();  // this tile is in; both warpgroups are done with the other buffer, P, alpha, the row map
+    const uint32_t kv_addr = q_addr + (1 + buf) * kTileBytes;
+    const uint32_t next_addr = q_addr + (2 - buf) * kTileBytes;
+    const uint64_t v_desc = wg::smem_desc(kv_addr + group * (kHalfCols / 64) * kAtomBytes, kAtomBytes, kGroupBytes);
+
+    if (group == 0) {
+      float s[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+      wg::fence_operands(s);
+      const uint64_t q_desc = wg::smem_desc(q_addr, 16, kGroupBytes);
+      const uint64_t k_desc = wg::smem_desc(kv_addr, 16, kGroupBytes);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < kDim / 16; ++ks) {
+        const uint32_t off = (ks / 4) * kAtomBytes + (ks % 4) * kKStepBytes;
+        wg::mma_m64n64k16_ss(s, wg::desc_advance(q_desc, off), wg::desc_advance(k_desc, off), 1);
+      }
+      wg::commit();
+      wg::wait_all();
+      wg::fence_operands(s);
+
+      // Every position below `end` is visible (the node's own sequence); s[4j + e] is column 8j + 2 q4 + e % 2.
+      float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int h = (i / 2) % 2;
+        float v = s[i] * scale_log2;
+        if (tile + 8 * (i / 4) + 2 * q4 + i % 2 >= end) v = neg_inf();
+        s[i] = v;
+        mx[h] = fmaxf(mx[h], v);
+      }
+      float m_safe[2], alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = quad_max(mx[h]);
+        const float m_new = fmaxf(m_run[h], mx[h]);
+        m_safe[h] = m_new == neg_inf() ? 0.0f : m_new;
+        alpha[h] = exp2f(m_run[h] - m_safe[h]);
+        m_run[h] = m_new;
+        l_run[h] *= alpha[h];
+      }
+      uint32_t p_frag[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int h = k % 2;
+        const float p0 = exp2f(s[2 * k] - m_safe[h]);
+        const float p1 = exp2f(s[2 * k + 1] - m_safe[h]);
+        l_run[h] += p0 + p1;
+        p_frag[k] = pack_bf16(p0, p1);
+        const int row = row_lo + 8 * h;
+        *reinterpret_cast<uint32_t*>(s_p + row * 128 + (((k / 2) ^ (row % 8)) << 4) + 4 * q4) = p_frag[k];
+      }
+      if (q4 == 0) {
+        s_alpha[row_lo] = alpha[0];
+        s_alpha[row_lo + 8] = alpha[1];
+      }
+      wg::fence_proxy_async();
+      wg::barrier_arrive(kPReady, kThreads);
+
+      scale_rows(o, alpha[0], alpha[1]);
+      wg::fence_operands(o);
+      wg::fence_operands(p_frag);
+      wg::fence();
+#pragma unroll
+      for (int t = 0; t < kRows / 16; ++t) {
+        const uint32_t a_frag[4] = {p_frag[4 * t], p_frag[4 * t + 1], p_frag[4 * t + 2], p_frag[4 * t + 3]};
+        wg::mma_m64n256k16_rs_bt(o, a_frag, wg::desc_advance(v_desc, t * kVStepBytes), 1);
+      }
+      wg::commit();
+      wg::wait_all();
+      wg::fence_operands(o);
+    } else {
+      if (tile + kRows < end) {  // uniform over the warpgroup
+        if (warp == 0) map_rows(tile + kRows);
+        wg::barrier_sync(kRowsReady, kGroupThreads);
+        load_tile<kGroupThreads>(next_addr, a.ckv, a.kpe, tile + kRows, end, threadIdx.x - kGroupThreads,
+                                 row_of(tile + kRows));
+      }
+      cp_async_commit();
+      wg::barrier_sync(kPReady, kThreads);
+      scale_rows(o, s_alpha[row_lo], s_alpha[row_lo + 8]);
+      wg::fence_operands(o);
+      const uint64_t p_desc = wg::smem_desc(smem_addr(s_p), 16, kGroupBytes);
+      wg::fence();
+#pragma unroll
+      for (int t = 0; t < kRows / 16; ++t) {
+        wg::mma_m64n256k16_ss_bt(o, wg::desc_advance(p_desc, t * kKStepBytes), wg::desc_advance(v_desc, t * kVStepBytes), 1);
+      }
+      wg::commit();
+      wg::wait_all();
+      wg::fence_operands(o);
+    }
+
+    const bool split_last = (tile + kRows - begin) % kSplitRows == 0 || tile + kRows >= end;
+    if (!split_last) continue;
+    // The split's partial: written out (a block per split, or the group's first split), else folded into
+    // the group's state, which lives in this block's slot (each thread reads back only what it wrote).
+    const bool fold = kGroupPerBlock && tile - begin >= kSplitRows;  // uniform over the block
+    Fold f[2] = {};
+    if (group == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float l = quad_sum(l_run[h]);
+        if (!fold) {
+          m_state[h] = m_run[h], l_state[h] = l;
+        } else {
+          f[h] = fold_ml(m_state[h], l_state[h], m_run[h], l);
+          if (q4 == 0) s_fa[row_lo + 8 * h] = f[h].a, s_fb[row_lo + 8 * h] = f[h].b;
+        }
+      }
+      if (fold) wg::barrier_arrive(kFoldReady, kThreads);
+    } else if (fold) {
+      wg::barrier_sync(kFoldReady, kThreads);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) f[h] = {s_fa[row_lo + 8 * h], s_fb[row_lo + 8 * h]};
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_lo + 8 * h;
+      if (row >= tile_heads) continue;
+      float* dst = slot_o + row * kLat + group * kHalfCols + 2 * q4;
+#pragma unroll
+      for (int j = 0; j < kHalfCols / 8; ++j) {
+        float2 v = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
+        if (fold) {
+          const float2 state = *reinterpret_cast<const float2*>(dst + 8 * j);
+          v = make_float2(fold_o(state.x, v.x, f[h]), fold_o(state.y, v.y, f[h]));
+        }
+        *reinterpret_cast<float2*>(dst + 8 * j) = v;
+      }
+      if (group == 0 && q4 == 0 && tile + kRows >= end) {
+        slot_ml[2 * row] = m_state[h];
+        slot_ml[2 * row + 1] = l_state[h];
+      }
+    }
+  }
+#endif
+}
+
+// Block per (node, head) row, one thread per 4 columns: the splits of each group folded in order (with a
+// block per split), then the groups, then o_lat = O / L and lse. Warp 0 folds the maxima and sums first and
+// leaves each step's coefficients in shared memory: [slots] split steps, then [groups] group steps.
+template <bool kGroupPerBlock>
+__global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_kernel(VerifyAttnExactArgs<bf16> a) {
+  extern __shared__ float s_coef[];  // (a, b) per split step (block per split only), then per group step
+  __shared__ int s_num_groups;
+  __shared__ float s_inv;
+  const size_t row = blockIdx.x;
+  const Partials ws = partials(a);
+  const int slots = num_slots(a.cache_rows, kGroupPerBlock);
+  const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
+  float* split_coef = s_coef;
+  float* group_coef = s_coef + (kGroupPerBlock ? 0 : 2 * slots);
+  int* group_splits = reinterpret_cast<int*>(group_coef + 2 * num_groups);  // active splits per group
+  float* group_ml = reinterpret_cast<float*>(group_splits + num_groups);
+  const auto ml = [&](int slot) { return ws.ml + 2 * (slot * ws.num_rows + row); };
+  if (threadIdx.x < kWarpSize) {
+    for (int g = threadIdx.x; g < num_groups; g += kWarpSize) {
+      float big_m = neg_inf(), big_l = 0.0f;
+      int n = 0;
+      if (kGroupPerBlock) {
+        big_m = ml(g)[0], big_l = ml(g)[1];
+        n = big_m != neg_inf();
+      } else {
+        for (int s = g * kGroupSplits; s < min(slots, (g + 1) * kGroupSplits); ++s, ++n) {
+          const float m = ml(s)[0], l = ml(s)[1];
+          if (m == neg_inf()) break;  // past the row's keys: so is every later split
+          if (n == 0) {
+            big_m = m, big_l = l;
+          } else {
+            const Fold f = fold_ml(big_m, big_l, m, l);
+            split_coef[2 * s] = f.a, split_coef[2 * s + 1] = f.b;
+          }
+        }
+      }
+      group_splits[g] = n;
+      group_ml[2 * g] = big_m, group_ml[2 * g + 1] = big_l;
+    }
+    __syncwarp();
+    if (threadIdx.x == 0) {
+      float big_m = neg_inf(), big_l = 0.0f;
+      int g = 0;
+      for (; g < num_groups && group_splits[g] > 0; ++g) {
+        if (g == 0) {
+          big_m = group_ml[0], big_l = group_ml[1];
+        } else {
+          const Fold f = fold_ml(big_m, big_l, group_ml[2 * g], group_ml[2 * g + 1]);
+          group_coef[2 * g] = f.a, group_coef[2 * g + 1] = f.b;
+        }
+      }
+      s_num_groups = g;
+      s_inv = g > 0 ? 1.0f / big_l : 0.0f;
+      a.lse[row] = g > 0 ? (big_m + log2f(big_l)) * kLn2 : neg_inf();
+    }
+  }
+  __syncthreads();
+  const int c0 = 4 * threadIdx.x;
+  const auto part = [&](int slot) { return *reinterpret_cast<const float4*>(ws.o + (slot * ws.num_rows + row) * kLat + c0); };
+  const auto step = [](float4 state, float4 p, Fold f) {
+    return make_float4(fold_o(state.x, p.x, f), fold_o(state.y, p.y, f), fold_o(state.z, p.z, f), fold_o(state.w, p.w, f));
+  };
+  float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int g = 0; g < s_num_groups; ++g) {
+    float4 o_g;
+    if (kGroupPerBlock) {
+      o_g = part(g);
+    } else {
+      const int s0 = g * kGroupSplits;
+      o_g = part(s0);
+#pragma unroll 4
+      for (int s = s0 + 1; s < s0 + group_splits[g]; ++s) o_g = step(o_g, part(s), {split_coef[2 * s], split_coef[2 * s + 1]});
+    }
+    out = g == 0 ? o_g : step(out, o_g, {group_coef[2 * g], group_coef[2 * g + 1]});
+  }
+  const float inv = s_inv;
+  uint2 packed;
+  packed.x = pack_bf16(out.x * inv, out.y * inv);
+  packed.y = pack_bf16(out.z * inv, out.w * inv);
+  *reinterpret_cast<uint2*>(a.o_lat + row * kLat + c0) = packed;
+}
+
+template <bool kGroupPerBlock>
+cudaError_t launch_kernels(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stream) {
+  const auto kernel = verify_attn_exact_wgmma_kernel<kGroupPerBlock>;
+  DDTREE_CUDA_TRY(allow_dynamic_smem(kernel, kExactSmemBytes));
+  const int slots = num_slots(a.cache_rows, kGroupPerBlock);
+  kernel<<<dim3(a.num_nodes * ceil_div(a.num_heads, kRows), slots), kThreads, kExactSmemBytes, stream>>>(a);
+  DDTREE_CUDA_TRY(cudaGetLastError());
+  const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
+  const size_t smem = (kGroupPerBlock ? 0 : 2 * slots * sizeof(float)) + 5 * num_groups * sizeof(float);
+  const auto combine = verify_attn_exact_combine_kernel<kGroupPerBlock>;
+  DDTREE_CUDA_TRY(allow_dynamic_smem(combine, smem));
+  combine<<<a.num_nodes * a.num_heads, kCombineThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool supported(const VerifyAttnExactArgs<bf16>& a) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a.lat_dim == kLat && a.rope_dim == kRope && aligned(a.q_lat) && aligned(a.q_pe) && aligned(a.ckv) &&
+         aligned(a.kpe) && aligned(a.o_lat) && tc_sm90::available();
+}
+
+// The modelled time of each way (verify_attn_split.cuh's model: waves x (tiles per block + 5) x 1.8 us, plus
+// the combine's ~1.4 ns per partial row it reads); a block per group also pays ~0.5 tile per fold.
+bool group_per_block(int num_nodes, int num_heads, int cache_rows, int num_sms) {
+  const double tiles = static_cast<double>(num_nodes) * ceil_div(num_heads, kRows);
+  const double rows = static_cast<double>(num_nodes) * num_heads;
+  const auto us = [&](int span, double folds) {
+    const int slots = ceil_div(cache_rows, span);
+    const double waves = std::ceil(tiles * slots / std::max(1, num_sms));
+    const double tiles_per_block = ceil_div(std::min(cache_rows, span), kRows) + 0.5 * folds;
+    return waves * (tiles_per_block + 5.0) * 1.8 + 1.4e-3 * slots * rows;
+  };
+  return us(kGroupRows, kGroupSplits - 1) < us(kSplitRows, 0);
+}
+
+size_t workspace_bytes(int num_nodes, int num_heads, int cache_rows, bool group_per_block) {
+  return static_cast<size_t>(num_slots(cache_rows, group_per_block)) * num_nodes * num_heads * (kLat + 2) *
+         sizeof(float);
+}
+
+cudaError_t launch(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stream) {
+  if (a.num_nodes == 0 || a.num_heads == 0) return cudaSuccess;
+  if (a.workspace == nullptr || a.lat_dim != kLat || a.rope_dim != kRope) return cudaErrorInvalidValue;
+  return a.group_per_block ? launch_kernels<true>(a, stream) : launch_kernels<false>(a, stream);
+}
+
+}  // namespace ddtree::cuda::exact_sm90
