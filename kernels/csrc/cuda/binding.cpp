@@ -177,7 +177,7 @@ cudaError_t launch_verify_attn_exact(const at::Tensor& q_lat, const at::Tensor& 
       const int blocks = env_choice("verify_attn", "DDTREE_VERIFY_ATTN_EXACT_BLOCKS", kExactBlocks).value;
       args.group_per_block = blocks == 0 ? exact_sm90::group_per_block(args.num_nodes, args.num_heads,
                                                                         args.cache_rows, num_sms)
-                                         : blocks == 2;
+                                         : blocks == 2 && args.num_heads % 64 == 0;  // else a block per split
       const at::Tensor ws = workspace(q_lat, exact_sm90::workspace_bytes(args.num_nodes, args.num_heads,
                                                                          args.cache_rows, args.group_per_block));
       args.workspace = static_cast<float*>(ws.mutable_data_ptr());

@@ -21,7 +21,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kGroupRows = kSplitRows * kGroupSplits;
 constexpr int kFoldReady = 2;  // named barrier: warpgroup 0 wrote the fold coefficients
 constexpr int kRowsReady = 3;  // named barrier over warpgroup 1: the next tile's row map is written
-constexpr int kCombineThreads = kLat / 4;
+constexpr int kCombineCols = 128;  // columns per combine block, a thread each
+constexpr int kStageSlots = 32;    // partial outputs per combine stage
+constexpr int kFoldBatch = 4;      // float4s of the state a thread folds at a time
 constexpr size_t kExactSmemBytes = 1024 + 3 * size_t{kTileBytes} + kPBytes + 3 * kRows * sizeof(float) +
                                    kRows * sizeof(int);
 static_assert(kExactSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
@@ -186,12 +188,13 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
       wg::fence_operands(s);
 
       // Every position below `end` is visible (the node's own sequence); s[4j + e] is column 8j + 2 q4 + e % 2.
+      const bool needs_mask = tile + kRows > end;
       float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int h = (i / 2) % 2;
         float v = s[i] * scale_log2;
-        if (tile + 8 * (i / 4) + 2 * q4 + i % 2 >= end) v = neg_inf();
+        if (needs_mask && tile + 8 * (i / 4) + 2 * q4 + i % 2 >= end) v = neg_inf();
         s[i] = v;
         mx[h] = fmaxf(mx[h], v);
       }
@@ -259,9 +262,13 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
 
     const bool split_last = (tile + kRows - begin) % kSplitRows == 0 || tile + kRows >= end;
     if (!split_last) continue;
-    // The split's partial: written out (a block per split, or the group's first split), else folded into
-    // the group's state, which lives in this block's slot (each thread reads back only what it wrote).
-    const bool fold = kGroupPerBlock && tile - begin >= kSplitRows;  // uniform over the block
+    // The split's partial: written out (a block per split), or the group's state (a block per group: its
+    // first split's partial, then each later one folded in). Until the group's last split the state sits in
+    // this block's slot in a private layout (thread t's float4 k at k * kThreads + t: coalesced, each thread
+    // reads back only what it wrote; needs H % 64 == 0, so that the slot's 64 rows are this tile's); the last
+    // fold lands in registers and is written row-major, as a block per split writes its partial.
+    const bool group_first = tile - begin < kSplitRows, group_last = tile + kRows >= end;  // uniform
+    const bool fold = kGroupPerBlock && !group_first;
     Fold f[2] = {};
     if (group == 0) {
 #pragma unroll
@@ -280,6 +287,47 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
 #pragma unroll
       for (int h = 0; h < 2; ++h) f[h] = {s_fa[row_lo + 8 * h], s_fb[row_lo + 8 * h]};
     }
+    // In batches of kFoldBatch float4s: the loads of a batch in flight together, and no more registers
+    // than that beside the accumulators (the empty asm keeps the compiler from hoisting later loads).
+    float4* state = reinterpret_cast<float4*>(slot_o) + threadIdx.x;
+    if (kGroupPerBlock && !group_last) {
+#pragma unroll
+      for (int k0 = 0; k0 < kHalfCols / 8; k0 += kFoldBatch) {
+        float4 st[kFoldBatch];
+#pragma unroll
+        for (int k = 0; k < kFoldBatch; ++k) st[k] = fold ? state[(k0 + k) * kThreads] : float4{};
+#pragma unroll
+        for (int k = 0; k < kFoldBatch; ++k) {  // o[4k .. 4k + 3]: rows row_lo (x, y), row_lo + 8 (z, w)
+          const int i = 4 * (k0 + k);
+          float4 v = make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
+          if (fold) {
+            v = make_float4(fold_o(st[k].x, v.x, f[0]), fold_o(st[k].y, v.y, f[0]), fold_o(st[k].z, v.z, f[1]),
+                            fold_o(st[k].w, v.w, f[1]));
+          }
+          state[(k0 + k) * kThreads] = v;
+        }
+        asm volatile("" ::: "memory");
+      }
+      continue;
+    }
+    if (fold) {
+#pragma unroll
+      for (int k0 = 0; k0 < kHalfCols / 8; k0 += kFoldBatch) {
+        float4 st[kFoldBatch];
+#pragma unroll
+        for (int k = 0; k < kFoldBatch; ++k) st[k] = state[(k0 + k) * kThreads];
+#pragma unroll
+        for (int k = 0; k < kFoldBatch; ++k) {
+          const int i = 4 * (k0 + k);
+          o[i] = fold_o(st[k].x, o[i], f[0]);
+          o[i + 1] = fold_o(st[k].y, o[i + 1], f[0]);
+          o[i + 2] = fold_o(st[k].z, o[i + 2], f[1]);
+          o[i + 3] = fold_o(st[k].w, o[i + 3], f[1]);
+        }
+        asm volatile("" ::: "memory");
+      }
+      __syncthreads();  // every private value is read before the row-major writes overwrite them
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row_lo + 8 * h;
@@ -287,14 +335,9 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
       float* dst = slot_o + row * kLat + group * kHalfCols + 2 * q4;
 #pragma unroll
       for (int j = 0; j < kHalfCols / 8; ++j) {
-        float2 v = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
-        if (fold) {
-          const float2 state = *reinterpret_cast<const float2*>(dst + 8 * j);
-          v = make_float2(fold_o(state.x, v.x, f[h]), fold_o(state.y, v.y, f[h]));
-        }
-        *reinterpret_cast<float2*>(dst + 8 * j) = v;
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
       }
-      if (group == 0 && q4 == 0 && tile + kRows >= end) {
+      if (group == 0 && q4 == 0) {
         slot_ml[2 * row] = m_state[h];
         slot_ml[2 * row + 1] = l_state[h];
       }
@@ -303,40 +346,44 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
 #endif
 }
 
-// Block per (node, head) row, one thread per 4 columns: the splits of each group folded in order (with a
-// block per split), then the groups, then o_lat = O / L and lse. Warp 0 folds the maxima and sums first and
-// leaves each step's coefficients in shared memory: [slots] split steps, then [groups] group steps.
+// Block per (node, head) row and slice of kCombineCols columns, a thread per column. Every split's (m, l) is
+// read at once into shared memory; warp 0 folds them, the splits of each group (a block per split) then the
+// groups, and leaves each step's coefficients in shared memory; then the partial outputs come in stages of
+// kStageSlots slots (cp.async, all in flight together) and each thread folds its column in slot order.
+// The active slots are a prefix of them: a row's positions run from 0 without gaps.
 template <bool kGroupPerBlock>
-__global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_kernel(VerifyAttnExactArgs<bf16> a) {
-  extern __shared__ float s_coef[];  // (a, b) per split step (block per split only), then per group step
-  __shared__ int s_num_groups;
+__global__ void __launch_bounds__(kCombineCols) verify_attn_exact_combine_kernel(VerifyAttnExactArgs<bf16> a) {
+  extern __shared__ float s_dyn[];
+  __shared__ int s_num_groups, s_num_active;
   __shared__ float s_inv;
-  const size_t row = blockIdx.x;
+  const size_t row = blockIdx.x / (kLat / kCombineCols);
+  const int col0 = blockIdx.x % (kLat / kCombineCols) * kCombineCols;
   const Partials ws = partials(a);
   const int slots = num_slots(a.cache_rows, kGroupPerBlock);
   const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
-  float* split_coef = s_coef;
-  float* group_coef = s_coef + (kGroupPerBlock ? 0 : 2 * slots);
-  int* group_splits = reinterpret_cast<int*>(group_coef + 2 * num_groups);  // active splits per group
-  float* group_ml = reinterpret_cast<float*>(group_splits + num_groups);
-  const auto ml = [&](int slot) { return ws.ml + 2 * (slot * ws.num_rows + row); };
+  float* s_stage = s_dyn;                                 // [kStageSlots, kCombineCols]
+  float* s_ml = s_stage + kStageSlots * kCombineCols;     // [slots, 2]
+  float* split_coef = s_ml + 2 * slots;                   // [slots, 2] (a block per split)
+  float* group_coef = split_coef + 2 * slots;             // [groups, 2]
+  float* group_ml = group_coef + 2 * num_groups;          // [groups, 2]
+  int* group_splits = reinterpret_cast<int*>(group_ml + 2 * num_groups);  // [groups]
+  for (int s = threadIdx.x; s < slots; s += kCombineCols) {
+    const float2 v = *reinterpret_cast<const float2*>(ws.ml + 2 * (s * ws.num_rows + row));
+    s_ml[2 * s] = v.x, s_ml[2 * s + 1] = v.y;
+  }
+  __syncthreads();
   if (threadIdx.x < kWarpSize) {
     for (int g = threadIdx.x; g < num_groups; g += kWarpSize) {
       float big_m = neg_inf(), big_l = 0.0f;
       int n = 0;
-      if (kGroupPerBlock) {
-        big_m = ml(g)[0], big_l = ml(g)[1];
-        n = big_m != neg_inf();
-      } else {
-        for (int s = g * kGroupSplits; s < min(slots, (g + 1) * kGroupSplits); ++s, ++n) {
-          const float m = ml(s)[0], l = ml(s)[1];
-          if (m == neg_inf()) break;  // past the row's keys: so is every later split
-          if (n == 0) {
-            big_m = m, big_l = l;
-          } else {
-            const Fold f = fold_ml(big_m, big_l, m, l);
-            split_coef[2 * s] = f.a, split_coef[2 * s + 1] = f.b;
-          }
+      const int first = kGroupPerBlock ? g : g * kGroupSplits;
+      const int last = kGroupPerBlock ? g + 1 : min(slots, first + kGroupSplits);
+      for (int s = first; s < last && s_ml[2 * s] != neg_inf(); ++s, ++n) {  // -inf: past the row's keys
+        if (n == 0) {
+          big_m = s_ml[2 * s], big_l = s_ml[2 * s + 1];
+        } else {
+          const Fold f = fold_ml(big_m, big_l, s_ml[2 * s], s_ml[2 * s + 1]);
+          split_coef[2 * s] = f.a, split_coef[2 * s + 1] = f.b;
         }
       }
       group_splits[g] = n;
@@ -345,8 +392,8 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
     __syncwarp();
     if (threadIdx.x == 0) {
       float big_m = neg_inf(), big_l = 0.0f;
-      int g = 0;
-      for (; g < num_groups && group_splits[g] > 0; ++g) {
+      int g = 0, num_active = 0;
+      for (; g < num_groups && group_splits[g] > 0; num_active += group_splits[g], ++g) {
         if (g == 0) {
           big_m = group_ml[0], big_l = group_ml[1];
         } else {
@@ -354,35 +401,37 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
           group_coef[2 * g] = f.a, group_coef[2 * g + 1] = f.b;
         }
       }
-      s_num_groups = g;
+      s_num_groups = g, s_num_active = num_active;
       s_inv = g > 0 ? 1.0f / big_l : 0.0f;
-      a.lse[row] = g > 0 ? (big_m + log2f(big_l)) * kLn2 : neg_inf();
+      if (col0 == 0) a.lse[row] = g > 0 ? (big_m + log2f(big_l)) * kLn2 : neg_inf();
     }
   }
   __syncthreads();
-  const int c0 = 4 * threadIdx.x;
-  const auto part = [&](int slot) { return *reinterpret_cast<const float4*>(ws.o + (slot * ws.num_rows + row) * kLat + c0); };
-  const auto step = [](float4 state, float4 p, Fold f) {
-    return make_float4(fold_o(state.x, p.x, f), fold_o(state.y, p.y, f), fold_o(state.z, p.z, f), fold_o(state.w, p.w, f));
-  };
-  float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int g = 0; g < s_num_groups; ++g) {
-    float4 o_g;
-    if (kGroupPerBlock) {
-      o_g = part(g);
-    } else {
-      const int s0 = g * kGroupSplits;
-      o_g = part(s0);
-#pragma unroll 4
-      for (int s = s0 + 1; s < s0 + group_splits[g]; ++s) o_g = step(o_g, part(s), {split_coef[2 * s], split_coef[2 * s + 1]});
+  const int num_active = s_num_active;
+  float out = 0.0f, o_g = 0.0f;
+  for (int base = 0; base < num_active; base += kStageSlots) {
+    const int n = min(kStageSlots, num_active - base);
+    __syncthreads();  // the previous stage is consumed
+    for (int e = threadIdx.x; e < n * (kCombineCols / 4); e += kCombineCols) {
+      const int s = e / (kCombineCols / 4), c = e % (kCombineCols / 4) * 4;
+      cp_async_16(s_stage + s * kCombineCols + c, ws.o + ((base + s) * ws.num_rows + row) * kLat + col0 + c, true);
     }
-    out = g == 0 ? o_g : step(out, o_g, {group_coef[2 * g], group_coef[2 * g + 1]});
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    for (int i = 0; i < n; ++i) {
+      const int s = base + i;
+      const float v = s_stage[i * kCombineCols + threadIdx.x];
+      if (kGroupPerBlock) {
+        out = s == 0 ? v : fold_o(out, v, {group_coef[2 * s], group_coef[2 * s + 1]});
+      } else {
+        const int g = s / kGroupSplits, k = s % kGroupSplits;
+        o_g = k == 0 ? v : fold_o(o_g, v, {split_coef[2 * s], split_coef[2 * s + 1]});
+        if (k == group_splits[g] - 1) out = g == 0 ? o_g : fold_o(out, o_g, {group_coef[2 * g], group_coef[2 * g + 1]});
+      }
+    }
   }
-  const float inv = s_inv;
-  uint2 packed;
-  packed.x = pack_bf16(out.x * inv, out.y * inv);
-  packed.y = pack_bf16(out.z * inv, out.w * inv);
-  *reinterpret_cast<uint2*>(a.o_lat + row * kLat + c0) = packed;
+  a.o_lat[row * kLat + col0 + threadIdx.x] = __float2bfloat16_rn(out * s_inv);
 }
 
 template <bool kGroupPerBlock>
@@ -393,10 +442,10 @@ cudaError_t launch_kernels(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stre
   kernel<<<dim3(a.num_nodes * ceil_div(a.num_heads, kRows), slots), kThreads, kExactSmemBytes, stream>>>(a);
   DDTREE_CUDA_TRY(cudaGetLastError());
   const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
-  const size_t smem = (kGroupPerBlock ? 0 : 2 * slots * sizeof(float)) + 5 * num_groups * sizeof(float);
+  const size_t smem = (kStageSlots * kCombineCols + 4 * slots + 5 * num_groups) * sizeof(float);
   const auto combine = verify_attn_exact_combine_kernel<kGroupPerBlock>;
   DDTREE_CUDA_TRY(allow_dynamic_smem(combine, smem));
-  combine<<<a.num_nodes * a.num_heads, kCombineThreads, smem, stream>>>(a);
+  combine<<<a.num_nodes * a.num_heads * (kLat / kCombineCols), kCombineCols, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -411,6 +460,7 @@ bool supported(const VerifyAttnExactArgs<bf16>& a) {
 // The modelled time of each way (verify_attn_split.cuh's model: waves x (tiles per block + 5) x 1.8 us, plus
 // the combine's ~1.4 ns per partial row it reads); a block per group also pays ~0.5 tile per fold.
 bool group_per_block(int num_nodes, int num_heads, int cache_rows, int num_sms) {
+  if (num_heads % kRows != 0) return false;  // the private state layout needs whole 64-head tiles
   const double tiles = static_cast<double>(num_nodes) * ceil_div(num_heads, kRows);
   const double rows = static_cast<double>(num_nodes) * num_heads;
   const auto us = [&](int span, double folds) {
@@ -430,6 +480,7 @@ size_t workspace_bytes(int num_nodes, int num_heads, int cache_rows, bool group_
 cudaError_t launch(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stream) {
   if (a.num_nodes == 0 || a.num_heads == 0) return cudaSuccess;
   if (a.workspace == nullptr || a.lat_dim != kLat || a.rope_dim != kRope) return cudaErrorInvalidValue;
+  if (a.group_per_block && a.num_heads % kRows != 0) return cudaErrorInvalidValue;
   return a.group_per_block ? launch_kernels<true>(a, stream) : launch_kernels<false>(a, stream);
 }
 
