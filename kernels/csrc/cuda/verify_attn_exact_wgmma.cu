@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "verify_attn_exact_fold.cuh"
 #include "verify_attn_exact_wgmma.cuh"
 #include "verify_attn_mma.cuh"
 #include "verify_attn_wgmma.cuh"
@@ -16,54 +17,12 @@ namespace ddtree::cuda::exact_sm90 {
 namespace {
 
 using namespace tc_sm90;  // tile shapes, load_tile, scale_rows
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kGroupRows = kSplitRows * kGroupSplits;
 constexpr int kFoldReady = 2;  // named barrier: warpgroup 0 wrote the fold coefficients
 constexpr int kRowsReady = 3;  // named barrier over warpgroup 1: the next tile's row map is written
-constexpr int kCombineCols = 128;  // columns per combine block, a thread each
-constexpr int kStageSlots = 32;    // partial outputs per combine stage
-constexpr int kFoldBatch = 4;      // float4s of the state a thread folds at a time
+constexpr int kFoldBatch = 32;      // float4s of the state a thread folds at a time
 constexpr size_t kExactSmemBytes = 1024 + 3 * size_t{kTileBytes} + kPBytes + 3 * kRows * sizeof(float) +
                                    kRows * sizeof(int);
 static_assert(kExactSmemBytes <= 227 * 1024, "over the sm_90 shared memory per block");
-
-__host__ __device__ inline int num_slots(int cache_rows, bool group_per_block) {
-  return ceil_div(cache_rows, group_per_block ? kGroupRows : kSplitRows);
-}
-
-// The workspace: [slots, N*H, R] unnormalised outputs, then [slots, N*H, 2] (max in log2 units, sum).
-struct Partials {
-  float* o;
-  float* ml;
-  size_t num_rows;
-};
-
-__device__ __forceinline__ Partials partials(const VerifyAttnExactArgs<bf16>& a) {
-  const size_t num_rows = static_cast<size_t>(a.num_nodes) * a.num_heads;
-  const size_t slots = num_slots(a.cache_rows, a.group_per_block);
-  return {a.workspace, a.workspace + slots * num_rows * kLat, num_rows};
-}
-
-__device__ __forceinline__ int clamped_prefix(const VerifyAttnExactArgs<bf16>& a) {
-  const int64_t raw = *a.prefix_len;
-  return static_cast<int>(min(max(raw, int64_t{0}), static_cast<int64_t>(a.cache_rows - a.num_nodes)));
-}
-
-// One fold step, (M, L, O) <- fold((M, L, O), (m, l, o)): the coefficients a, b of the state and the part.
-struct Fold {
-  float a, b;
-};
-__device__ __forceinline__ Fold fold_ml(float& big_m, float& big_l, float m, float l) {
-  const float m_new = fmaxf(big_m, m);
-  const Fold f{exp2f(big_m - m_new), exp2f(m - m_new)};
-  big_l = __fmaf_rn(big_l, f.a, __fmul_rn(l, f.b));
-  big_m = m_new;
-  return f;
-}
-__device__ __forceinline__ float fold_o(float state, float part, Fold f) {
-  return __fmaf_rn(state, f.a, __fmul_rn(part, f.b));
-}
 
 // The node's visible block rows in index order, found by one warp reading its mask row 32 entries at a time:
 // rows[k - k_lo] = prefix + (the k-th visible index) for k in [k_lo, k_hi). `j` and `count` (the chunk to read
@@ -346,94 +305,6 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
 #endif
 }
 
-// Block per (node, head) row and slice of kCombineCols columns, a thread per column. Every split's (m, l) is
-// read at once into shared memory; warp 0 folds them, the splits of each group (a block per split) then the
-// groups, and leaves each step's coefficients in shared memory; then the partial outputs come in stages of
-// kStageSlots slots (cp.async, all in flight together) and each thread folds its column in slot order.
-// The active slots are a prefix of them: a row's positions run from 0 without gaps.
-template <bool kGroupPerBlock>
-__global__ void __launch_bounds__(kCombineCols) verify_attn_exact_combine_kernel(VerifyAttnExactArgs<bf16> a) {
-  extern __shared__ float s_dyn[];
-  __shared__ int s_num_groups, s_num_active;
-  __shared__ float s_inv;
-  const size_t row = blockIdx.x / (kLat / kCombineCols);
-  const int col0 = blockIdx.x % (kLat / kCombineCols) * kCombineCols;
-  const Partials ws = partials(a);
-  const int slots = num_slots(a.cache_rows, kGroupPerBlock);
-  const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
-  float* s_stage = s_dyn;                                 // [kStageSlots, kCombineCols]
-  float* s_ml = s_stage + kStageSlots * kCombineCols;     // [slots, 2]
-  float* split_coef = s_ml + 2 * slots;                   // [slots, 2] (a block per split)
-  float* group_coef = split_coef + 2 * slots;             // [groups, 2]
-  float* group_ml = group_coef + 2 * num_groups;          // [groups, 2]
-  int* group_splits = reinterpret_cast<int*>(group_ml + 2 * num_groups);  // [groups]
-  for (int s = threadIdx.x; s < slots; s += kCombineCols) {
-    const float2 v = *reinterpret_cast<const float2*>(ws.ml + 2 * (s * ws.num_rows + row));
-    s_ml[2 * s] = v.x, s_ml[2 * s + 1] = v.y;
-  }
-  __syncthreads();
-  if (threadIdx.x < kWarpSize) {
-    for (int g = threadIdx.x; g < num_groups; g += kWarpSize) {
-      float big_m = neg_inf(), big_l = 0.0f;
-      int n = 0;
-      const int first = kGroupPerBlock ? g : g * kGroupSplits;
-      const int last = kGroupPerBlock ? g + 1 : min(slots, first + kGroupSplits);
-      for (int s = first; s < last && s_ml[2 * s] != neg_inf(); ++s, ++n) {  // -inf: past the row's keys
-        if (n == 0) {
-          big_m = s_ml[2 * s], big_l = s_ml[2 * s + 1];
-        } else {
-          const Fold f = fold_ml(big_m, big_l, s_ml[2 * s], s_ml[2 * s + 1]);
-          split_coef[2 * s] = f.a, split_coef[2 * s + 1] = f.b;
-        }
-      }
-      group_splits[g] = n;
-      group_ml[2 * g] = big_m, group_ml[2 * g + 1] = big_l;
-    }
-    __syncwarp();
-    if (threadIdx.x == 0) {
-      float big_m = neg_inf(), big_l = 0.0f;
-      int g = 0, num_active = 0;
-      for (; g < num_groups && group_splits[g] > 0; num_active += group_splits[g], ++g) {
-        if (g == 0) {
-          big_m = group_ml[0], big_l = group_ml[1];
-        } else {
-          const Fold f = fold_ml(big_m, big_l, group_ml[2 * g], group_ml[2 * g + 1]);
-          group_coef[2 * g] = f.a, group_coef[2 * g + 1] = f.b;
-        }
-      }
-      s_num_groups = g, s_num_active = num_active;
-      s_inv = g > 0 ? 1.0f / big_l : 0.0f;
-      if (col0 == 0) a.lse[row] = g > 0 ? (big_m + log2f(big_l)) * kLn2 : neg_inf();
-    }
-  }
-  __syncthreads();
-  const int num_active = s_num_active;
-  float out = 0.0f, o_g = 0.0f;
-  for (int base = 0; base < num_active; base += kStageSlots) {
-    const int n = min(kStageSlots, num_active - base);
-    __syncthreads();  // the previous stage is consumed
-    for (int e = threadIdx.x; e < n * (kCombineCols / 4); e += kCombineCols) {
-      const int s = e / (kCombineCols / 4), c = e % (kCombineCols / 4) * 4;
-      cp_async_16(s_stage + s * kCombineCols + c, ws.o + ((base + s) * ws.num_rows + row) * kLat + col0 + c, true);
-    }
-    cp_async_commit();
-    cp_async_wait_all();
-    __syncthreads();
-    for (int i = 0; i < n; ++i) {
-      const int s = base + i;
-      const float v = s_stage[i * kCombineCols + threadIdx.x];
-      if (kGroupPerBlock) {
-        out = s == 0 ? v : fold_o(out, v, {group_coef[2 * s], group_coef[2 * s + 1]});
-      } else {
-        const int g = s / kGroupSplits, k = s % kGroupSplits;
-        o_g = k == 0 ? v : fold_o(o_g, v, {split_coef[2 * s], split_coef[2 * s + 1]});
-        if (k == group_splits[g] - 1) out = g == 0 ? o_g : fold_o(out, o_g, {group_coef[2 * g], group_coef[2 * g + 1]});
-      }
-    }
-  }
-  a.o_lat[row * kLat + col0 + threadIdx.x] = __float2bfloat16_rn(out * s_inv);
-}
-
 template <bool kGroupPerBlock>
 cudaError_t launch_kernels(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stream) {
   const auto kernel = verify_attn_exact_wgmma_kernel<kGroupPerBlock>;
@@ -441,12 +312,7 @@ cudaError_t launch_kernels(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stre
   const int slots = num_slots(a.cache_rows, kGroupPerBlock);
   kernel<<<dim3(a.num_nodes * ceil_div(a.num_heads, kRows), slots), kThreads, kExactSmemBytes, stream>>>(a);
   DDTREE_CUDA_TRY(cudaGetLastError());
-  const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
-  const size_t smem = (kStageSlots * kCombineCols + 4 * slots + 5 * num_groups) * sizeof(float);
-  const auto combine = verify_attn_exact_combine_kernel<kGroupPerBlock>;
-  DDTREE_CUDA_TRY(allow_dynamic_smem(combine, smem));
-  combine<<<a.num_nodes * a.num_heads * (kLat / kCombineCols), kCombineCols, smem, stream>>>(a);
-  return cudaGetLastError();
+  return launch_combine(a, kGroupPerBlock, stream);
 }
 
 }  // namespace
