@@ -1,5 +1,6 @@
 // verify_attn's batch-invariant combine step: the splits' and groups' partials folded in position order
 // (design: verify_attn_exact_wgmma.cuh).
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
@@ -9,12 +10,12 @@
 namespace ddtree::cuda::exact_sm90 {
 namespace {
 
-// Block per (node, head) row and slice of kCombineCols columns, kCombineThreads threads of kVec columns: a
+// Block per (node, head) row and slice of kCols columns, kCombineThreads threads of kVec columns: a
 // block per split has many slots and few rows (N = 1: 128 slots of 256 rows at S = 32768), so it takes a
 // quarter of a row (kVec = 1), a block per group the whole row (kVec = 4). Every slot's (m, l) is read at
 // once into shared memory; warp 0 folds them, the splits of each group (a block per split) then the groups,
-// and leaves each step's coefficients in shared memory; the partial outputs come in stages of kStageSlots
-// (cp.async, all in flight together) and each thread folds its columns in slot order. The active slots are a
+// and leaves each step's coefficients in shared memory; the partial outputs come in stages of up to
+// combine_stage_slots (cp.async, all in flight together; shared memory sized to the slots, not the most) and each thread folds its columns in slot order. The active slots are a
 // prefix of them: a row's positions run from 0 without gaps.
 template <bool kGroupPerBlock>
 __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_kernel(VerifyAttnExactArgs<bf16> a) {
@@ -28,8 +29,9 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
   const Partials ws = partials(a);
   const int slots = num_slots(a.cache_rows, kGroupPerBlock);
   const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
-  float* s_stage = s_dyn;                              // [kStageSlots, kCols]
-  float* s_ml = s_stage + combine_stage_slots(kGroupPerBlock) * kCols;  // [slots, 2]
+  float* s_stage = s_dyn;                              // [stage_slots, kCols]
+  const int stage_slots = min(combine_stage_slots(kGroupPerBlock), slots);
+  float* s_ml = s_stage + stage_slots * kCols;         // [slots, 2]
   float* split_coef = s_ml + 2 * slots;                // [slots, 2] (a block per split)
   float* group_coef = split_coef + 2 * slots;          // [groups, 2]
   float* group_ml = group_coef + 2 * num_groups;       // [groups, 2]
@@ -75,7 +77,6 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
   }
   __syncthreads();
   const int num_active = s_num_active;
-  const int stage_slots = combine_stage_slots(kGroupPerBlock);
   float out[kVec] = {}, o_g[kVec] = {};
   for (int base = 0; base < num_active; base += stage_slots) {
     const int n = min(stage_slots, num_active - base);
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
+#pragma unroll 4
     for (int i = 0; i < n; ++i) {
       const int s = base + i;
       float v[kVec];
@@ -119,7 +121,8 @@ cudaError_t launch_combine(const VerifyAttnExactArgs<bf16>& a, bool group_per_bl
   const int slots = num_slots(a.cache_rows, group_per_block);
   const int num_groups = group_per_block ? slots : ceil_div(slots, kGroupSplits);
   const int cols = kCombineThreads * (group_per_block ? 4 : 1);
-  const size_t smem = (combine_stage_slots(group_per_block) * cols + 4 * slots + 5 * num_groups) * sizeof(float);
+  const int stage_slots = std::min(combine_stage_slots(group_per_block), slots);  // sized to fit, for occupancy
+  const size_t smem = (static_cast<size_t>(stage_slots) * cols + 4 * slots + 5 * num_groups) * sizeof(float);
   const auto combine = group_per_block ? verify_attn_exact_combine_kernel<true> : verify_attn_exact_combine_kernel<false>;
   DDTREE_CUDA_TRY(allow_dynamic_smem(combine, smem));
   combine<<<a.num_nodes * a.num_heads * (kLat / cols), kCombineThreads, smem, stream>>>(a);
