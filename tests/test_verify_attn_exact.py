@@ -102,6 +102,23 @@ def test_a_node_alone_and_among_257_is_the_same_bits(device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", [CUDA])
+def test_a_call_too_large_for_one_workspace_runs_in_chunks_of_nodes_with_the_same_bits(device):
+    """600 nodes over 32768 rows need more than the tensor-core kernel's 1 GiB of partials (about 2 MiB a node
+    there), so the op runs the nodes in two launches: nodes on either side of the cut still equal their AR
+    calls bit for bit (whose values the tests above check against the reference)."""
+    rng = random.Random()
+    num_nodes, rows = 600, 32768
+    q_lat, q_pe, ckv, kpe, prefix_len, mask, parents = random_case(rng, torch.bfloat16, device, 512, 64, num_nodes,
+                                                                   64, rows - num_nodes - 9)
+    prefix = int(prefix_len)
+    out, lse = ops.verify_attn(q_lat, q_pe, ckv, kpe, prefix_len, mask, 0.1, batch_invariant=True)
+    for node in (0, 509, 510, 511, num_nodes - 1):
+        one, one_lse = ar_call(q_lat, q_pe, ckv, kpe, prefix, parents, node, 0.1)
+        assert torch.equal(one[0], out[node]) and torch.equal(one_lse[0], lse[node]), node
+    assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()  # every node written
+
+
+@pytest.mark.parametrize("device", [CUDA])
 def test_an_mma_rows_result_does_not_depend_on_the_other_rows(device):
     """The tensor-core kernel's premise: a query row's output is the same bits whatever the other 63 rows of its
     MMA tile hold (here the node's other heads, redrawn), and whether the tile is full or padded."""

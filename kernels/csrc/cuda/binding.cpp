@@ -178,7 +178,9 @@ cudaError_t launch_verify_attn_exact(const at::Tensor& q_lat, const at::Tensor& 
       args.group_per_block = blocks == 0 ? exact_sm90::group_per_block(args.num_nodes, args.num_heads,
                                                                         args.cache_rows, num_sms)
                                          : blocks == 2 && args.num_heads % 64 == 0;  // else a block per split
-      const at::Tensor ws = workspace(q_lat, exact_sm90::workspace_bytes(args.num_nodes, args.num_heads,
+      args.chunk_nodes = exact_sm90::chunk_nodes(args.num_nodes, args.num_heads, args.cache_rows,
+                                                 args.group_per_block);
+      const at::Tensor ws = workspace(q_lat, exact_sm90::workspace_bytes(args.chunk_nodes, args.num_heads,
                                                                          args.cache_rows, args.group_per_block));
       args.workspace = static_cast<float*>(ws.mutable_data_ptr());
       return exact_sm90::launch(args, c10::cuda::getCurrentCUDAStream());

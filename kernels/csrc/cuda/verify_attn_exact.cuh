@@ -32,9 +32,11 @@ struct VerifyAttnExactArgs {
   float scale;
   T* o_lat;    // [N, H, R]
   float* lse;  // [N, H]
-  // The tensor-core kernel's (verify_attn_exact_wgmma.cuh): its partials and how it spreads the work.
+  // The tensor-core kernel's (verify_attn_exact_wgmma.cuh): its partials, how it spreads the work, and how many
+  // nodes one launch takes (the workspace holds chunk_nodes nodes' partials; launch() runs the chunks in turn).
   float* workspace;
   bool group_per_block;
+  int chunk_nodes;
 };
 
 template <typename T>

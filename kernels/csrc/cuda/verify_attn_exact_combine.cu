@@ -18,13 +18,15 @@ namespace {
 // combine_stage_slots (cp.async, all in flight together; shared memory sized to the slots, not the most) and each thread folds its columns in slot order. The active slots are a
 // prefix of them: a row's positions run from 0 without gaps.
 template <bool kGroupPerBlock>
-__global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_kernel(VerifyAttnExactArgs<bf16> a) {
+__global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_kernel(VerifyAttnExactArgs<bf16> a,
+                                                                                     int node0) {
   constexpr int kVec = kGroupPerBlock ? 4 : 1;
   constexpr int kCols = kCombineThreads * kVec;
   extern __shared__ float s_dyn[];
   __shared__ int s_num_groups, s_num_active;
   __shared__ float s_inv;
-  const size_t row = blockIdx.x / (kLat / kCols);
+  const size_t ws_row = blockIdx.x / (kLat / kCols);  // the workspace's; the output's is node0 * H + ws_row
+  const size_t row = static_cast<size_t>(node0) * a.num_heads + ws_row;
   const int col0 = blockIdx.x % (kLat / kCols) * kCols;
   const Partials ws = partials(a);
   const int slots = num_slots(a.cache_rows, kGroupPerBlock);
@@ -37,7 +39,7 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
   float* group_ml = group_coef + 2 * num_groups;       // [groups, 2]
   int* group_splits = reinterpret_cast<int*>(group_ml + 2 * num_groups);  // [groups]
   for (int s = threadIdx.x; s < slots; s += kCombineThreads) {
-    const float2 v = *reinterpret_cast<const float2*>(ws.ml + 2 * (s * ws.num_rows + row));
+    const float2 v = *reinterpret_cast<const float2*>(ws.ml + 2 * (s * ws.num_rows + ws_row));
     s_ml[2 * s] = v.x, s_ml[2 * s + 1] = v.y;
   }
   __syncthreads();
@@ -83,7 +85,7 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
     __syncthreads();  // the previous stage is consumed
     for (int e = threadIdx.x; e < n * (kCols / 4); e += kCombineThreads) {
       const int s = e / (kCols / 4), c = e % (kCols / 4) * 4;
-      cp_async_16(s_stage + s * kCols + c, ws.o + ((base + s) * ws.num_rows + row) * kLat + col0 + c, true);
+      cp_async_16(s_stage + s * kCols + c, ws.o + ((base + s) * ws.num_rows + ws_row) * kLat + col0 + c, true);
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
 
 }  // namespace
 
-cudaError_t launch_combine(const VerifyAttnExactArgs<bf16>& a, bool group_per_block, cudaStream_t stream) {
+cudaError_t launch_combine(const VerifyAttnExactArgs<bf16>& a, int node0, bool group_per_block, cudaStream_t stream) {
   const int slots = num_slots(a.cache_rows, group_per_block);
   const int num_groups = group_per_block ? slots : ceil_div(slots, kGroupSplits);
   const int cols = kCombineThreads * (group_per_block ? 4 : 1);
@@ -125,7 +127,7 @@ cudaError_t launch_combine(const VerifyAttnExactArgs<bf16>& a, bool group_per_bl
   const size_t smem = (static_cast<size_t>(stage_slots) * cols + 4 * slots + 5 * num_groups) * sizeof(float);
   const auto combine = group_per_block ? verify_attn_exact_combine_kernel<true> : verify_attn_exact_combine_kernel<false>;
   DDTREE_CUDA_TRY(allow_dynamic_smem(combine, smem));
-  combine<<<a.num_nodes * a.num_heads * (kLat / cols), kCombineThreads, smem, stream>>>(a);
+  combine<<<a.chunk_nodes * a.num_heads * (kLat / cols), kCombineThreads, smem, stream>>>(a, node0);
   return cudaGetLastError();
 }
 

@@ -36,8 +36,10 @@ struct Partials {
   size_t num_rows;
 };
 
+// The rows of the launch's chunk of nodes [node0, node0 + chunk_nodes): row r of the workspace is (node, head)
+// row node0 * H + r.
 __device__ __forceinline__ Partials partials(const VerifyAttnExactArgs<bf16>& a) {
-  const size_t num_rows = static_cast<size_t>(a.num_nodes) * a.num_heads;
+  const size_t num_rows = static_cast<size_t>(a.chunk_nodes) * a.num_heads;
   const size_t slots = num_slots(a.cache_rows, a.group_per_block);
   return {a.workspace, a.workspace + slots * num_rows * kLat, num_rows};
 }
@@ -62,7 +64,7 @@ __device__ __forceinline__ float fold_o(float state, float part, Fold f) {
   return __fmaf_rn(state, f.a, __fmul_rn(part, f.b));
 }
 
-// The combine kernel for a block per split or per group (verify_attn_exact_combine.cu).
-cudaError_t launch_combine(const VerifyAttnExactArgs<bf16>& a, bool group_per_block, cudaStream_t stream);
+// The combine kernel of the chunk of nodes [node0, node0 + a.chunk_nodes) (verify_attn_exact_combine.cu).
+cudaError_t launch_combine(const VerifyAttnExactArgs<bf16>& a, int node0, bool group_per_block, cudaStream_t stream);
 
 }  // namespace ddtree::cuda::exact_sm90

@@ -48,7 +48,7 @@ __device__ __forceinline__ void find_block_rows(const bool* mask_row, int num_no
 // Block (query tile, slot): the tile is heads [64 t, 64 t + 64) of one node, the slot a split (or a group
 // when kGroupPerBlock) of its logical positions.
 template <bool kGroupPerBlock>
-__global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(VerifyAttnExactArgs<bf16> a) {
+__global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(VerifyAttnExactArgs<bf16> a, int node0) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t s_raw[];
   uint8_t* s_q = s_raw + ((1024 - (smem_addr(s_raw) & 1023)) & 1023);
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
   const int q4 = lane % 4;
   const int row_lo = 16 * warp + lane / 4;
   const int tiles_per_node = ceil_div(a.num_heads, kRows);
-  const int node = blockIdx.x / tiles_per_node;
+  const int node = node0 + blockIdx.x / tiles_per_node;
   const int head0 = blockIdx.x % tiles_per_node * kRows;
   const int tile_heads = min(kRows, a.num_heads - head0);
   const int qrow0 = node * a.num_heads + head0;
@@ -73,8 +73,9 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
   const int span = kGroupPerBlock ? kGroupRows : kSplitRows;
   const int begin = blockIdx.y * span;
   const Partials ws = partials(a);
-  float* slot_o = ws.o + (blockIdx.y * ws.num_rows + qrow0) * kLat;
-  float* slot_ml = ws.ml + 2 * (blockIdx.y * ws.num_rows + qrow0);
+  const size_t ws_row0 = qrow0 - static_cast<size_t>(node0) * a.num_heads;
+  float* slot_o = ws.o + (blockIdx.y * ws.num_rows + ws_row0) * kLat;
+  float* slot_ml = ws.ml + 2 * (blockIdx.y * ws.num_rows + ws_row0);
 
   int count = 0;  // the node's visible block rows
   for (int j0 = 0; j0 < a.num_nodes; j0 += kThreads) {
@@ -305,14 +306,21 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
 #endif
 }
 
+// The chunks of nodes in turn, each its tile kernel then its combine (one workspace, stream-ordered reuse).
 template <bool kGroupPerBlock>
 cudaError_t launch_kernels(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stream) {
   const auto kernel = verify_attn_exact_wgmma_kernel<kGroupPerBlock>;
   DDTREE_CUDA_TRY(allow_dynamic_smem(kernel, kExactSmemBytes));
   const int slots = num_slots(a.cache_rows, kGroupPerBlock);
-  kernel<<<dim3(a.num_nodes * ceil_div(a.num_heads, kRows), slots), kThreads, kExactSmemBytes, stream>>>(a);
-  DDTREE_CUDA_TRY(cudaGetLastError());
-  return launch_combine(a, kGroupPerBlock, stream);
+  for (int node0 = 0; node0 < a.num_nodes; node0 += a.chunk_nodes) {
+    VerifyAttnExactArgs<bf16> chunk = a;
+    chunk.chunk_nodes = std::min(a.chunk_nodes, a.num_nodes - node0);
+    kernel<<<dim3(chunk.chunk_nodes * ceil_div(a.num_heads, kRows), slots), kThreads, kExactSmemBytes, stream>>>(
+        chunk, node0);
+    DDTREE_CUDA_TRY(cudaGetLastError());
+    DDTREE_CUDA_TRY(launch_combine(chunk, node0, kGroupPerBlock, stream));
+  }
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -343,9 +351,17 @@ size_t workspace_bytes(int num_nodes, int num_heads, int cache_rows, bool group_
          sizeof(float);
 }
 
+int chunk_nodes(int num_nodes, int num_heads, int cache_rows, bool group_per_block) {
+  const size_t per_node = workspace_bytes(1, num_heads, cache_rows, group_per_block);
+  return static_cast<int>(std::clamp<size_t>(kMaxWorkspaceBytes / std::max<size_t>(per_node, 1), 1,
+                                             std::max(num_nodes, 1)));
+}
+
 cudaError_t launch(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stream) {
   if (a.num_nodes == 0 || a.num_heads == 0) return cudaSuccess;
-  if (a.workspace == nullptr || a.lat_dim != kLat || a.rope_dim != kRope) return cudaErrorInvalidValue;
+  if (a.workspace == nullptr || a.lat_dim != kLat || a.rope_dim != kRope || a.chunk_nodes < 1) {
+    return cudaErrorInvalidValue;
+  }
   if (a.group_per_block && a.num_heads % kRows != 0) return cudaErrorInvalidValue;
   return a.group_per_block ? launch_kernels<true>(a, stream) : launch_kernels<false>(a, stream);
 }

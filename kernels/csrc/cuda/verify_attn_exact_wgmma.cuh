@@ -41,7 +41,13 @@ bool group_per_block(int num_nodes, int num_heads, int cache_rows, int num_sms);
 
 size_t workspace_bytes(int num_nodes, int num_heads, int cache_rows, bool group_per_block);
 
-// The tile kernel and the combine kernel; a.workspace holds workspace_bytes(...), a.group_per_block is set.
+// Nodes per launch, so that the workspace stays within kMaxWorkspaceBytes (a prefill-sized N at a long S would
+// need tens of GB at once). A tile holds one node's heads, so the chunking changes no bit of any row.
+constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;
+int chunk_nodes(int num_nodes, int num_heads, int cache_rows, bool group_per_block);
+
+// The tile kernel and the combine kernel per chunk of nodes; a.group_per_block and a.chunk_nodes are set and
+// a.workspace holds workspace_bytes(a.chunk_nodes, ...).
 cudaError_t launch(const VerifyAttnExactArgs<__nv_bfloat16>& a, cudaStream_t stream);
 
 }  // namespace ddtree::cuda::exact_sm90
