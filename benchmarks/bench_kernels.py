@@ -1,7 +1,9 @@
 """Kernel benchmarks at Kimi-K2 shapes, each side by side with its baseline.
 
 verify_attn: ours vs the plain-torch absorbed attention (einsum scores + masked_fill + softmax + einsum) on
-the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours. tree_build: ours vs a Python heapq build
+the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours; beside them the batch-invariant mode
+(batch_invariant=True) and its ratio to ours. FlashInfer has no column yet: each run prints whether it imports
+and that it is skipped (it is never a requirement). tree_build: ours vs a Python heapq build
 of the same algorithm over torch.topk, and vs our CPU op on a CPU copy, at V=163840 and again at the tiny
 fixture's V=512 (tree_build_tiny). tree_accept and kv_compact: ours vs
 the plain-torch references of kernels/reference.py. On CUDA, "ours" and the torch attention are timed as
@@ -10,7 +12,7 @@ verify_attn table also times the mma.sync kernel (DDTREE_VERIFY_ATTN_KERNEL=mma)
 (wgmma), and on CUDA the tree_build table times the op with the heap's serial pops (DDTREE_TREE_BUILD=heap)
 beside the automatic choice (the threshold build).
 
-    python -m benchmarks.bench_kernels [--device cuda|cpu] [--quick] [--out DIR]
+    python -m benchmarks.bench_kernels [--device cuda|cpu] [--quick] [--out DIR] [--sections verify_attn,...]
 """
 from __future__ import annotations
 
