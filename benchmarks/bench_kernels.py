@@ -1,7 +1,9 @@
 """Kernel benchmarks at Kimi-K2 shapes, each side by side with its baseline.
 
 verify_attn: ours vs the plain-torch absorbed attention (einsum scores + masked_fill + softmax + einsum) on
-the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours. tree_build: ours vs a Python heapq build
+the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours; beside them the batch-invariant mode
+(batch_invariant=True) and its ratio to ours. FlashInfer has no column yet: each run prints whether it imports
+and that it is skipped (it is never a requirement). tree_build: ours vs a Python heapq build
 of the same algorithm over torch.topk, and vs our CPU op on a CPU copy, at V=163840 and again at the tiny
 fixture's V=512 (tree_build_tiny). tree_accept and kv_compact: ours vs
 the plain-torch references of kernels/reference.py. On CUDA, "ours" and the torch attention are timed as
@@ -10,7 +12,7 @@ verify_attn table also times the mma.sync kernel (DDTREE_VERIFY_ATTN_KERNEL=mma)
 (wgmma), and on CUDA the tree_build table times the op with the heap's serial pops (DDTREE_TREE_BUILD=heap)
 beside the automatic choice (the threshold build).
 
-    python -m benchmarks.bench_kernels [--device cuda|cpu] [--quick] [--out DIR]
+    python -m benchmarks.bench_kernels [--device cuda|cpu] [--quick] [--out DIR] [--sections verify_attn,...]
 """
 from __future__ import annotations
 
@@ -328,9 +330,23 @@ SMALL_COLUMNS = [
 ]
 
 
+SECTIONS = ("verify_attn", "tree_build", "tree_build_tiny", "tree_accept", "kv_compact")
+
+
+def flashinfer_note() -> str:
+    """FlashInfer's MLA kernel is not a requirement, and no column of it is timed yet: say so in every run."""
+    try:
+        import flashinfer  # noqa: F401  (optional; never installed by the project)
+    except Exception as err:  # noqa: BLE001  (any failure to import means: skip it)
+        return f"FlashInfer: skipped (does not import here: {type(err).__name__})"
+    return f"FlashInfer {flashinfer.__version__}: imports, but bench_kernels has no FlashInfer column yet: skipped"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args("ddtree kernel benchmarks at Kimi-K2 shapes, each against its baseline", argv)
+    args = parse_args("ddtree kernel benchmarks at Kimi-K2 shapes, each against its baseline", argv,
+                      lambda p: p.add_argument("--sections", default=None,
+                                               help=f"comma-separated subset of {', '.join(SECTIONS)} (default: all)"))
     device = resolve_device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     budget = QUICK if args.quick else (FULL if device.type == "cuda" else CPU_FULL)
@@ -348,6 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tree_accept": (SMALL_COLUMNS, lambda: bench_tree_accept(grid, device, budget, rng)),
         "kv_compact": (SMALL_COLUMNS, lambda: bench_kv_compact(grid, device, dtype, budget, ceil, rng)),
     }
+    if args.sections:
+        wanted = args.sections.split(",")
+        unknown = sorted(set(wanted) - set(sections))
+        if unknown:
+            raise SystemExit(f"--sections: unknown {unknown}; choose from {', '.join(sections)}")
+        sections = {name: sections[name] for name in wanted}
+    print(flashinfer_note(), flush=True)
     tables = {}
     for name, (columns, run) in sections.items():
         outcome = guarded({}, lambda run=run: {"rows": run()})

@@ -20,10 +20,14 @@ verify_attn(q_lat [N, H, R], q_pe [N, H, P], ckv [S, R], kpe [S, P], prefix_len,
   Node i sees cache rows u < prefix_len and rows prefix_len + j where block_mask[i, j] (prefix_len + N <= S).
   score = scale * (q_lat . ckv[u] + q_pe . kpe[u]); o_lat = softmax-weighted sum of ckv rows; lse = log of
   the sum of exp(score). All inputs float32 or all bfloat16; float32 accumulation. A node that sees no row
-  gets o_lat = 0 and lse = -inf. batch_invariant: each (node, head) is reduced over its visible rows alone,
-  prefix rows then block rows in index order (for a tree node: the keys AR sees at its position, in position
-  order), key by key, so its result is independent of N, of the rows' cache slots and of any split
-  (csrc/cpu/verify_attn_exact.cpp, csrc/cuda/verify_attn_exact.cu); slower.
+  gets o_lat = 0 and lse = -inf. batch_invariant: each (node, head) is reduced over its logical sequence
+  alone, the prefix rows then its block rows in index order (for a tree node: the keys AR sees at its
+  position, in position order), cut into tiles and splits at fixed positions and combined in position order,
+  so its result is the same bits whatever N, the rows' cache slots and the work's spread over threads or
+  blocks: a tree node's is AR's. On the CPU every call is (csrc/cpu/verify_attn_tile.h: one kernel for both
+  modes, at no cost); on CUDA bfloat16 R = 512, P = 64 on sm_90a it is a tensor-core kernel
+  (csrc/cuda/verify_attn_exact_wgmma.cuh, 1.2-1.8x the fast one), elsewhere a CUDA-core one
+  (csrc/cuda/verify_attn_exact.cuh, much slower).
 tree_accept(tokens [N], parents [N], target [N] i64, max_depth) -> path [max_depth+1] i64, path_len, bonus.
   From node 0, move to the child c with tokens[c] == target[current] while there is one; path lists the
   visited nodes root first, padded with -1; bonus = target[last visited].

@@ -16,10 +16,6 @@ std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at
                                                const at::Tensor& kpe, const at::Tensor& prefix_len,
                                                const at::Tensor& block_mask, double scale, bool batch_invariant);
 
-// The batch-invariant kernel (verify_attn_exact.cpp): inputs checked, outputs allocated by verify_attn.
-void verify_attn_exact(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv, const at::Tensor& kpe,
-                       const at::Tensor& block_mask, int64_t prefix, double scale, at::Tensor& o_lat, at::Tensor& lse);
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_accept(const at::Tensor& tokens, const at::Tensor& parents,
                                                            const at::Tensor& target, int64_t max_depth);
 

@@ -2,7 +2,10 @@
 //
 // The call is split into units, one node and one group of its heads each (verify_attn_tile.h: how a unit
 // runs, and why its results do not depend on the split), which torch's threads take one at a time.
-// Nodes are split into head groups only as far as the threads need work.
+// Nodes are split into head groups only as far as the threads need work. A node's keys are its logical
+// sequence (the prefix rows, then its visible block rows in index order), cut into key blocks by logical
+// position: a tree node's blocks are then AR's at its position, so every call is batch-invariant and
+// batch_invariant=True runs this same kernel, at no cost.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -62,15 +65,27 @@ DDTREE_ALWAYS_INLINE void pack_queries(const Problem<T>& p, int64_t node, int64_
                      s.queries.data() + p.lat_dim * heads_pad, s.widened.data());
 }
 
-// The rows of key block [b0, b0 + kKeyBlock) that the node sees, in row order; returns how many.
+// The node's visible block rows prefix_len + j (block_mask[node, j]), in index order; returns how many. For a
+// tree node these are its ancestors and itself, at logical positions prefix_len, prefix_len + 1, ...
 template <typename T>
-DDTREE_ALWAYS_INLINE int64_t visible_rows(const Problem<T>& p, int64_t node, int64_t b0, int64_t* rows) {
-  const int64_t end = std::min(b0 + kKeyBlock, p.prefix_len + p.num_nodes);
+DDTREE_ALWAYS_INLINE int64_t visible_block_rows(const Problem<T>& p, int64_t node, int64_t* rows) {
+  const bool* mask_row = p.mask + node * p.num_nodes;
   int64_t n = 0;
-  for (int64_t u = b0; u < std::min(end, p.prefix_len); ++u) rows[n++] = u;
-  for (int64_t u = std::max(b0, p.prefix_len); u < end; ++u) {
-    if (p.mask[node * p.num_nodes + u - p.prefix_len]) rows[n++] = u;
+  for (int64_t j = 0; j < p.num_nodes; ++j) {
+    if (mask_row[j]) rows[n++] = p.prefix_len + j;
   }
+  return n;
+}
+
+// The cache rows of the node's logical positions [b0, min(b0 + kKeyBlock, end)): the prefix rows are their
+// own positions, position prefix_len + k is the node's k-th visible block row; returns how many.
+template <typename T>
+DDTREE_ALWAYS_INLINE int64_t logical_rows(const Problem<T>& p, int64_t b0, int64_t end, const int64_t* block_rows,
+                                          int64_t* rows) {
+  const int64_t stop = std::min(b0 + kKeyBlock, end);
+  int64_t n = 0;
+  for (int64_t u = b0; u < std::min(stop, p.prefix_len); ++u) rows[n++] = u;
+  for (int64_t u = std::max(b0, p.prefix_len); u < stop; ++u) rows[n++] = block_rows[u - p.prefix_len];
   return n;
 }
 
@@ -145,9 +160,9 @@ DDTREE_ALWAYS_INLINE void attend_unit(const Problem<T>& p, int64_t unit, Scratch
   std::fill(s.max.data(), s.max.data() + heads_pad, -std::numeric_limits<float>::infinity());
   std::fill(s.sum.data(), s.sum.data() + heads_pad, 0.0f);
   std::fill(s.acc.data(), s.acc.data() + heads_pad * p.lat_pad, 0.0f);
-  for (int64_t b0 = 0; b0 < p.prefix_len + p.num_nodes; b0 += kKeyBlock) {
-    const int64_t n = visible_rows(p, node, b0, s.rows.data());
-    if (n == 0) continue;  // the same bits as a block of zero weights
+  const int64_t end = p.prefix_len + visible_block_rows(p, node, s.block_rows.data());
+  for (int64_t b0 = 0; b0 < end; b0 += kKeyBlock) {
+    const int64_t n = logical_rows(p, b0, end, s.block_rows.data(), s.rows.data());
     key_rows(p, s.rows.data(), n, C::kMaxTileKeys, s);
     attn::qk_block<C>(s.queries.data(), heads_pad, num_vecs, s.lat_rows.data(), s.pe_rows.data(), n, p.lat_dim,
                       p.rope_dim, p.scale, s.scores.data());
@@ -165,7 +180,7 @@ DDTREE_ALWAYS_INLINE void attend_unit(const Problem<T>& p, int64_t unit, Scratch
 template <class C, typename T>
 DDTREE_ALWAYS_INLINE void attend_units(const Problem<T>& p, std::atomic<int64_t>& next) {
   const int64_t max_heads = ceil_div(ceil_div(p.num_heads, width<C>()), p.num_groups) * width<C>();
-  Scratch s(max_heads, p.lat_pad, p.rope_dim, C::kMaxTileKeys, p.copy_keys);
+  Scratch s(max_heads, p.lat_pad, p.rope_dim, C::kMaxTileKeys, p.copy_keys, p.num_nodes);
   const int64_t num_units = p.num_nodes * p.num_groups;
   for (int64_t unit = next++; unit < num_units; unit = next++) attend_unit<C>(p, unit, s);
 }
@@ -236,9 +251,8 @@ std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at
   at::Tensor o_lat = at::empty_like(q_lat);
   at::Tensor lse = at::empty({num_nodes, q_lat.size(1)}, q_lat.options().dtype(at::kFloat));
   if (lse.numel() == 0) return {o_lat, lse};  // N = 0 or H = 0
-  if (batch_invariant) {
-    verify_attn_exact(q_lat, q_pe, ckv, kpe, block_mask, prefix, scale, o_lat, lse);
-  } else if (q_lat.scalar_type() == at::kFloat) {
+  (void)batch_invariant;  // every call is: verify_attn_tile.h
+  if (q_lat.scalar_type() == at::kFloat) {
     run<float>(q_lat, q_pe, ckv, kpe, block_mask, prefix, static_cast<float>(scale), o_lat, lse);
   } else {
     run<c10::BFloat16>(q_lat, q_pe, ckv, kpe, block_mask, prefix, static_cast<float>(scale), o_lat, lse);

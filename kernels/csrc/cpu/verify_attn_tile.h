@@ -1,15 +1,18 @@
 // verify_attn on the CPU for one unit of work: one node and a group of its heads, over the whole cache.
 //
-// Keys are taken in fixed blocks of kKeyBlock cache rows starting at row 0, in row order; a block's visible
-// rows (all prefix rows, the block rows the node's mask allows) are processed together for every head of
-// the unit, so each cache row is read once per unit, not once per head:
+// A node's keys are its logical sequence: the prefix rows 0 .. prefix_len - 1, then the block rows its mask
+// allows in index order (for a tree node its ancestors and itself: positions prefix_len, prefix_len + 1, ..., as
+// AR holds them after kv_compact). They are taken in fixed blocks of kKeyBlock logical positions starting at
+// position 0, and a block's rows are processed together for every head of the unit, so each cache row is
+// read once per unit, not once per head:
 //   scores [keys, heads] = K Q^T over R + P (heads in vector lanes, each key's value broadcast), then
 //   the running max, exp and sum per head (an online softmax, one rescale per block), then
 //   acc [heads, R] = acc * rescale + P^T V (the R columns in vector lanes, each weight broadcast).
 // Every score is one float32 sum in order r = 0 .. R + P - 1, every acc element a sum in key order inside
-// the block, and blocks combine in row order. None of that depends on N, on the heads of the unit, on the
-// tile a value lands in or on the threads, so a node's result is the same bits whatever else is in the call
-// (on one machine and instruction set: the FMA path rounds differently from the generic one).
+// the block, and blocks combine in position order. None of that depends on N, on the heads of the unit, on
+// the tile a value lands in, on the cache slots of the rows or on the threads, so a node's result is the same
+// bits whatever else is in the call, and a tree node's are AR's at its position (on one machine and
+// instruction set: the FMA path rounds differently from the generic one).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -25,7 +28,7 @@
 
 namespace ddtree::cpu::attn {
 
-constexpr int64_t kKeyBlock = 64;     // cache rows per key block; blocks start at row 0
+constexpr int64_t kKeyBlock = 64;     // logical positions per key block; blocks start at position 0
 constexpr int64_t kMaxUnitHeads = 64;  // heads per unit at most (its queries and accumulators stay in L2)
 constexpr int64_t kQkColumns = 64;     // query columns per pass over a block's keys
 
@@ -81,10 +84,11 @@ class LineAligned {
 // One thread's scratch, reused for every unit it runs.
 struct Scratch {
   LineAligned queries, widened, scores, acc, keys, max, sum, rescale;
-  std::vector<int64_t> rows;
+  std::vector<int64_t> rows, block_rows;
   std::vector<const float*> lat_rows, pe_rows;
 
-  Scratch(int64_t max_heads, int64_t lat_pad, int64_t rope_dim, int64_t max_tile_keys, bool copy_keys)
+  Scratch(int64_t max_heads, int64_t lat_pad, int64_t rope_dim, int64_t max_tile_keys, bool copy_keys,
+          int64_t num_nodes)
       : queries((lat_pad + rope_dim) * max_heads),
         widened(copy_keys ? (lat_pad + rope_dim) * max_heads : 0),
         scores((kKeyBlock + max_tile_keys) * max_heads),
@@ -94,6 +98,7 @@ struct Scratch {
         sum(max_heads),
         rescale(max_heads),
         rows(kKeyBlock),
+        block_rows(num_nodes),
         lat_rows(kKeyBlock + max_tile_keys),
         pe_rows(kKeyBlock + max_tile_keys) {}
 };

@@ -18,6 +18,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "../checks.h"
 #include "../tree_outputs.h"
@@ -26,6 +27,7 @@
 #include "tree_build.cuh"
 #include "verify_attn.cuh"
 #include "verify_attn_exact.cuh"
+#include "verify_attn_exact_wgmma.cuh"
 
 namespace ddtree::cuda {
 namespace {
@@ -63,6 +65,9 @@ constexpr Choice<VerifyAttnKernel> kVerifyAttnKernels[] = {{"auto", VerifyAttnKe
                                                            {"wgmma", VerifyAttnKernel::kWgmma},
                                                            {"mma", VerifyAttnKernel::kMmaSync},
                                                            {"cuda-core", VerifyAttnKernel::kCudaCore}};
+
+// How the batch-invariant tensor-core kernel spreads its splits over blocks (the same bits either way).
+constexpr Choice<int> kExactBlocks[] = {{"auto", 0}, {"split", 1}, {"group", 2}};
 
 constexpr Choice<TreeBuildMethod> kTreeBuildMethods[] = {{"auto", TreeBuildMethod::kAuto},
                                                           {"heap", TreeBuildMethod::kHeap},
@@ -163,6 +168,24 @@ cudaError_t launch_verify_attn_exact(const at::Tensor& q_lat, const at::Tensor& 
                                      const at::Tensor& block_mask, double scale, at::Tensor& o_lat, at::Tensor& lse) {
   VerifyAttnExactArgs<T> args{};
   fill_attn_args<T>(args, q_lat, q_pe, ckv, kpe, prefix_len, block_mask, scale, o_lat, lse);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // The tensor-core kernel wherever it runs: a choice made on dtype, widths and device alone, never on N, so
+    // that AR (N = 1) and a tree call reduce every row in the same order.
+    if (exact_sm90::supported(args)) {
+      int num_sms = 0;
+      C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q_lat.get_device()));
+      const int blocks = env_choice("verify_attn", "DDTREE_VERIFY_ATTN_EXACT_BLOCKS", kExactBlocks).value;
+      args.group_per_block = blocks == 0 ? exact_sm90::group_per_block(args.num_nodes, args.num_heads,
+                                                                        args.cache_rows, num_sms)
+                                         : blocks == 2 && args.num_heads % 64 == 0;  // else a block per split
+      args.chunk_nodes = exact_sm90::chunk_nodes(args.num_nodes, args.num_heads, args.cache_rows,
+                                                 args.group_per_block);
+      const at::Tensor ws = workspace(q_lat, exact_sm90::workspace_bytes(args.chunk_nodes, args.num_heads,
+                                                                         args.cache_rows, args.group_per_block));
+      args.workspace = static_cast<float*>(ws.mutable_data_ptr());
+      return exact_sm90::launch(args, c10::cuda::getCurrentCUDAStream());
+    }
+  }
   return VerifyAttnExact<T>(args, c10::cuda::getCurrentCUDAStream());
 }
 

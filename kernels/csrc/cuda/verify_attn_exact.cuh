@@ -6,7 +6,9 @@
 // another with an online softmax (each key's score is one dot product in a fixed order: lanes over the
 // dimensions, then a fixed shuffle tree), so the result depends on the sequence only, not on N, on where the
 // rows sit in the cache or on any split: a node's output is bit for bit AR's at the same position when its
-// inputs are. It is the exactness mode's kernel, not a fast one.
+// inputs are. It serves what the tensor-core kernel (verify_attn_exact_wgmma.cuh) does not: float32, other
+// widths, GPUs before sm_90a. The choice between the two depends on the dtype, widths and device only, never
+// on N, so AR and a tree call always meet in the same kernel.
 //
 // prefix_len is read on the device and clamped into [0, S - N], as in verify_attn.cuh.
 #pragma once
@@ -30,6 +32,11 @@ struct VerifyAttnExactArgs {
   float scale;
   T* o_lat;    // [N, H, R]
   float* lse;  // [N, H]
+  // The tensor-core kernel's (verify_attn_exact_wgmma.cuh): its partials, how it spreads the work, and how many
+  // nodes one launch takes (the workspace holds chunk_nodes nodes' partials; launch() runs the chunks in turn).
+  float* workspace;
+  bool group_per_block;
+  int chunk_nodes;
 };
 
 template <typename T>
