@@ -118,6 +118,11 @@ def uniform_touched(cfg: ModelConfig, num_nodes: int) -> float:
     return e * (1 - (1 - k / e) ** num_nodes)
 
 
+def auto_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, drafter: OracleDrafter,
+                 cuda_graph: bool) -> Decoder:
+    return AutoBudgetDecoder(model, prompt, cfg, drafter, cuda_graph=cuda_graph)
+
+
 def count_experts(dec: Decoder, num_steps: int) -> dict:
     """Step with records on: mean touched experts per MoE layer and in all, mean prefix length and verified nodes,
     the prefill, and (auto budget) how often each budget was chosen."""
@@ -156,7 +161,7 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
                     functools.partial(ddtree_decoder, model, prompt, decode_cfg(b, plan.max_new_tokens), drafter))
                    for b in plan.budgets]
         makers.append(({"mode": "DDTree", "budget": "auto", "noise": noise, "drafter": "oracle"},
-                       functools.partial(AutoBudgetDecoder, model, prompt,
+                       functools.partial(auto_decoder, model, prompt,
                                          decode_cfg(max(plan.budgets), plan.max_new_tokens), drafter)))
     rows = []
     for key, make in makers:

@@ -64,7 +64,7 @@ class ExpertTraffic:
 class BudgetChoice:
     """What `--budget auto` decided at one step (engine/decoding/budget.py): the budget buckets it chose among,
     the expected accepted drafted tokens and the predicted step seconds at each, their ratio (expected tokens per
-    second), and the per-depth confidence correction it applied. drafted=False: an AR step taken without a draft
+    second), and the confidence correction it applied per depth and rank class. drafted=False: an AR step taken without a draft
     (the policy backs off from a drafter whose trees do not pay); its curves are the last drafted step's."""
 
     chosen: int  # the verified budget (0: the root alone)
@@ -73,7 +73,8 @@ class BudgetChoice:
     expected: list[float]  # 1 + expected accepted is the expected tokens the step commits
     cost_s: list[float]
     value: list[float]  # (1 + expected) / cost_s
-    confidence: list[float]  # realised / predicted acceptance per depth (index 0, the root: 1)
+    confidence: list[list[float]]  # realised / predicted acceptance per depth (0: the root) and rank class
+    # ([the drafter's top token at its depth, the others])
 
 
 @dataclass(slots=True)

@@ -13,14 +13,7 @@ from test_decode import check_step_invariants
 
 from engine.config import DecodeConfig
 from engine.decoding.auto_budget import AutoBudgetDecoder, truncate
-from engine.decoding.budget import (
-    Calibration,
-    CostTable,
-    buckets_up_to,
-    choose,
-    expected_accepted,
-    reach_by_depth,
-)
+from engine.decoding.budget import Calibration, CostTable, buckets_up_to, choose, expected_accepted, path_sums
 from engine.decoding.decoder import ARDecoder
 from engine.decoding.session import continuation_of
 from engine.drafters import DrafterSpec, DraftTarget, build_drafter
@@ -39,15 +32,36 @@ def random_tree(seed: int, budget: int, depth: int = 7, vocab: int = 50):
     return ops.tree_build(draft, torch.tensor(0), budget)
 
 
+def brute_force_path_probability(tree, i: int, log_factors: torch.Tensor) -> float:
+    """exp(score_i) times the correction of every node on i's path (root excluded), capped at 1."""
+    correction, node = 0.0, i
+    while node > 0:
+        correction += float(log_factors[tree.depths[node], min(int(tree.ranks[node]), 1)])
+        node = int(tree.parents[node])
+    return min(1.0, math.exp(float(tree.scores[i]) + correction))
+
+
 @pytest.mark.parametrize("seed", range(5))
-def test_expected_accepted_is_the_prefix_sum_of_path_probabilities(seed):
+def test_expected_accepted_is_the_prefix_sum_of_corrected_path_probabilities(seed):
     tree = random_tree(seed, 64)
-    factors = torch.rand(8, generator=torch.Generator().manual_seed(seed)) * 2
-    got = expected_accepted(tree.scores, tree.depths, factors)
-    scores, depths = tree.scores.tolist(), tree.depths.tolist()
+    log_factors = torch.randn(8, 2, generator=torch.Generator().manual_seed(seed)) * 0.7
+    log_factors[0] = 0
+    got = expected_accepted(tree.scores, tree.parents, tree.depths, tree.ranks, log_factors)
     for b in (0, 1, 7, 33, 64):
-        want = sum(min(1.0, math.exp(scores[i]) * float(factors[depths[i]])) for i in range(1, b + 1))
+        want = sum(brute_force_path_probability(tree, i, log_factors) for i in range(1, b + 1))
         assert got[b].item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_path_sums_add_every_ancestor():
+    tree = random_tree(11, 200, depth=15, vocab=30)
+    values = torch.rand(201, generator=torch.Generator().manual_seed(0))
+    got = path_sums(values, tree.parents, 15)
+    for i in range(201):
+        want, node = 0.0, i
+        while node >= 0:
+            want += float(values[node])
+            node = int(tree.parents[node]) if node > 0 else -1
+        assert got[i].item() == pytest.approx(want, rel=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -88,31 +102,33 @@ def test_cost_table_refuses_bad_times_and_follows_measurements():
     assert table.seconds[1] == pytest.approx(3.0, rel=1e-3) and table.seconds[0] == 1.0
 
 
-@pytest.mark.parametrize("truth", [0.25, 0.5, 1.0])
-def test_calibration_learns_a_drafters_overconfidence(truth):
-    """A drafter whose every depth is accepted `truth` times as often as it claims: the factors converge there."""
+@pytest.mark.parametrize("truth", [0.3, 1.0, 2.0])
+def test_calibration_learns_a_drafters_over_and_under_confidence(truth):
+    """A chain whose top token the drafter rates 0.4 at every depth but which is accepted with probability
+    0.4 * truth: the rank-0 factors converge to truth; a sibling never accepted drives its factor towards 0."""
     rng = np.random.default_rng(1)
     cal = Calibration(num_depths=4)
-    claimed = 0.8  # the drafter's probability of its one node per depth (a chain), cumulative along the path
-    for _ in range(4000):
-        reach = [0.0] + [claimed ** d for d in range(1, 5)]
-        accepted = 0
-        while accepted < 4 and rng.random() < truth * claimed ** (accepted + 1) / claimed ** accepted:
-            accepted += 1
-        cal.update(reach, accepted)
-    got = cal.factors()
-    assert got[0] == 1.0
+    # the root, then per depth a top child (rank 0, 0.4 of its parent) and a sibling (rank 1, 0.1) under the
+    # previous top child; the path follows the top children
+    parents, scores, ranks = [-1], [0.0], [0]
     for d in range(1, 5):
-        assert got[d] == pytest.approx(truth ** d, rel=0.15, abs=0.02), (d, got)
-
-
-def test_reach_by_depth_sums_each_depths_nodes():
-    tree = random_tree(3, 32)
-    reach = reach_by_depth(tree.scores, tree.depths, 7)
-    for d in range(1, 8):
-        want = sum(math.exp(s) for s, dd in zip(tree.scores.tolist(), tree.depths.tolist(), strict=True) if dd == d)
-        assert reach[d].item() == pytest.approx(want, rel=1e-5, abs=1e-7)
-    assert reach[0] == 0
+        top = 0 if d == 1 else len(parents) - 2
+        parents += [top, top]
+        scores += [scores[top] + math.log(0.4), scores[top] + math.log(0.1)]
+        ranks += [0, 1]
+    tops = [0] + [1 + 2 * (d - 1) for d in range(1, 5)]
+    for _ in range(6000):
+        length = 1
+        while length < 5 and rng.random() < 0.4 * truth:
+            length += 1
+        cal.update(parents, scores, ranks, tops[:length])
+    got = cal.factors()
+    assert got[0] == [1.0, 1.0]
+    for d in range(1, 5):
+        trials = 6000 * min(1.0, 0.4 * truth) ** (d - 1)  # steps whose path reached depth d - 1
+        if trials >= 2000:  # enough evidence for the ratio to sit within 10% of the truth
+            assert got[d][0] == pytest.approx(truth, rel=0.1), (d, got)
+            assert got[d][1] < 0.05, "a sibling that is never accepted"
 
 
 def auto_decoder(ckpt, model, cfg, spec, known=None):

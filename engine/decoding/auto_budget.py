@@ -11,6 +11,7 @@ chooses b > 0 ends the back-off. Every step verifies a valid tree, so the output
 """
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Sequence
@@ -19,13 +20,13 @@ import torch
 
 from engine.config import DecodeConfig
 from engine.decoding.budget import (
+    RANK_CLASSES,
     Calibration,
     Choice,
     CostTable,
     buckets_up_to,
     choose,
     expected_accepted,
-    reach_by_depth,
 )
 from engine.decoding.decoder import Decoder, _StepTensors
 from engine.decoding.trees import root_tree
@@ -36,7 +37,7 @@ from engine.timers import StepTimer
 from kernels import ops
 
 MAX_BACKOFF = 64  # AR steps at most between two drafted probes
-CALIBRATION_REPEATS = 2  # timed forwards per bucket at start-up (after one untimed)
+CALIBRATION_REPEATS = 3  # timed rounds over the buckets at start-up (after one untimed), the best of each kept
 # Start-up step costs per model and decode setting, measured once per process (weak: they go with the model).
 _COSTS: weakref.WeakKeyDictionary[TargetModel, dict[tuple, list[float]]] = weakref.WeakKeyDictionary()
 
@@ -59,8 +60,10 @@ class AutoBudgetDecoder(Decoder):
         self.buckets = buckets_up_to(cfg.budget)
         self.calibration = Calibration(self.depth)
         self._bucket_index = torch.tensor(self.buckets, device=dev)
-        self._factors = torch.ones(self.depth + 1, device=dev)
+        self._log_factors = torch.zeros(self.depth + 1, RANK_CLASSES, device=dev)
+        quiet, self.timer = self.timer, StepTimer(dev, enabled=False)  # no stage ranges in the calibration
         self.costs = CostTable(self.buckets, list(self._startup_costs()))
+        self.timer = quiet
         self.ar_steps_left = 0  # AR steps to take before the next drafted probe
         self.backoff = 1
         self.last_choice: Choice | None = None
@@ -74,11 +77,21 @@ class AutoBudgetDecoder(Decoder):
     def _startup_costs(self) -> list[float]:
         """Seconds of a step at each bucket on this model, measured once per process for these settings: the draft
         and a verify forward of the real tree's first b + 1 nodes (its KV rows land in scratch slots past the
-        prefix; nothing is committed). Bucket 0 is an AR step without a draft."""
-        key = (self.drafter.name, self.buckets, self.cfg.dtype, self.cfg.batch_invariant, self.depth)
+        prefix; nothing is committed), as captured graphs where the decode replays graphs. Bucket 0 is an AR step
+        without a draft. Rounds interleave the buckets so that a slow moment of the machine hits them alike."""
+        key = (self.drafter.name, self.buckets, self.cfg.dtype, self.cfg.batch_invariant, self.depth, self.cuda_graph)
         known = _COSTS.setdefault(self.model, {})
         if key not in known:
-            known[key] = [self._time(lambda b=b: self._calibration_step(b)) for b in self.buckets]
+            steps = [functools.partial(self._calibration_step, b) for b in self.buckets]
+            if self.cuda_graph:
+                steps = [self._graphed(step) for step in steps]
+            for step in steps:
+                step()  # untimed: first-touch allocations and kernel selection stay out
+            best = [float("inf")] * len(steps)
+            for _ in range(CALIBRATION_REPEATS):
+                for i, step in enumerate(steps):
+                    best[i] = min(best[i], self._time(step))
+            known[key] = best
         return known[key]
 
     def _calibration_step(self, budget: int) -> None:
@@ -87,16 +100,20 @@ class AutoBudgetDecoder(Decoder):
         self.model.forward(tokens, depths, visibility, self.cache, hidden_layers=self.hidden_layers,
                            row_block=self.row_block)
 
-    def _time(self, fn) -> float:
-        fn()  # untimed: first-touch allocations and kernel selection stay out
-        best = float("inf")
-        for _ in range(CALIBRATION_REPEATS):
-            self._sync()
-            start = time.perf_counter()
+    def _graphed(self, fn):
+        """fn captured as a CUDA graph (after one eager run); returns its replay."""
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             fn()
-            self._sync()
-            best = min(best, time.perf_counter() - start)
-        return max(best, 1e-9)
+        return graph.replay
+
+    def _time(self, fn) -> float:
+        self._sync()
+        start = time.perf_counter()
+        fn()
+        self._sync()
+        return max(time.perf_counter() - start, 1e-9)
 
     def _sync(self) -> None:
         if self.model.device.type == "cuda":
@@ -110,7 +127,9 @@ class AutoBudgetDecoder(Decoder):
             draft = self.drafter.propose(self.root, self.num_generated)
         with self.timer.range("tree_build"):
             tree = ops.tree_build(draft, self.root, self.cfg.budget)
-        expected = expected_accepted(tree[4], tree[2], self._factors).index_select(0, self._bucket_index)
+        tokens, parents, depths, ranks, scores, _ = tree
+        expected = expected_accepted(scores, parents, depths, ranks, self._log_factors).index_select(
+            0, self._bucket_index)
         return tuple(tree), draft, prefix_len, expected
 
     def _run(self, key: object, fn):
@@ -178,9 +197,9 @@ class AutoBudgetDecoder(Decoder):
         if not self._drafted or chosen > 0:
             self.costs.observe(chosen, self._advance_s)
         if self._drafted:
-            reach = reach_by_depth(torch.tensor(record.tree.scores), torch.tensor(record.tree.depths), self.depth)
-            self.calibration.update(reach.tolist(), record.num_accepted)
-            self._factors.copy_(torch.tensor(self.calibration.factors()))
+            tree = record.tree
+            self.calibration.update(tree.parents, tree.scores, tree.ranks, record.path)
+            self._log_factors.copy_(torch.tensor(self.calibration.factors()).log())
         if choice is not None:
             record.budget = BudgetChoice(chosen=chosen, drafted=self._drafted, buckets=list(self.buckets),
                                          expected=list(choice.expected), cost_s=list(choice.cost_s),

@@ -6,7 +6,8 @@ marginals give node i the probability exp(score_i) that its path is accepted (si
 expected number of accepted drafted tokens of the truncation at b is a prefix sum over the pop order. The policy
 divides (1 + expected accepted) by the step's cost at b, measured per budget bucket (a calibration at start-up,
 refreshed from the run's own steps), and verifies the best bucket, b = 0 (an AR step) included. The drafter's
-over- or under-confidence is corrected per depth by the running ratio of realised to predicted acceptance.
+over- or under-confidence is corrected per depth and rank class by the running ratio of realised to predicted
+acceptance (Calibration).
 
 Any tree is lossless: the policy changes how many tokens a step commits, never which.
 """
@@ -20,7 +21,8 @@ import torch
 DEFAULT_MAX = 256
 BUCKETS = (0, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # budgets with a captured step each; MAX is the last used
 COST_SMOOTHING = 0.2  # the weight of a new step time in its bucket's running cost
-PRIOR_WEIGHT = 2.0  # pseudo-steps behind each depth's confidence ratio before the run has evidence
+PRIOR_TRIALS = 1.0  # pseudo-trials of ratio 1 behind each confidence factor before the run has evidence
+RANK_CLASSES = 2  # confidence is corrected apart for the drafter's top token at a depth (rank 0) and the others
 
 
 def buckets_up_to(maximum: int) -> tuple[int, ...]:
@@ -28,40 +30,67 @@ def buckets_up_to(maximum: int) -> tuple[int, ...]:
     return tuple(sorted({b for b in BUCKETS if b < maximum} | {maximum}))
 
 
-def expected_accepted(scores: torch.Tensor, depths: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """[B + 1] -> [B + 1]: entry b is the expected number of accepted drafted tokens when the first b + 1 nodes
-    are verified. scores are the cumulative log-probabilities (node 0, the root, is never counted); factors [L + 1]
-    are the per-depth confidence corrections. On the device, no host sync."""
-    p = (scores.exp() * factors[depths]).clamp(max=1.0)
-    p = torch.where(depths > 0, p, torch.zeros_like(p))
-    return p.cumsum(0)
+def path_sums(values: torch.Tensor, parents: torch.Tensor, num_depths: int) -> torch.Tensor:
+    """[N] -> [N]: each node's value plus its ancestors' (parents[0] = -1), by pointer jumping: log2(depth) rounds
+    of vector ops, no host sync, no loop over nodes."""
+    total, ancestor = values.clone(), parents.clone()
+    for _ in range(max(num_depths, 1).bit_length()):
+        has = ancestor >= 0
+        safe = ancestor.clamp(min=0)
+        total = total + torch.where(has, total[safe], torch.zeros_like(total))
+        ancestor = torch.where(has, ancestor[safe], ancestor)
+    return total
+
+
+def expected_accepted(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, ranks: torch.Tensor,
+                      log_factors: torch.Tensor) -> torch.Tensor:
+    """[B + 1] -> [B + 1]: entry b is the expected number of accepted drafted tokens when the first b + 1 nodes are
+    verified. A node's path is accepted with probability exp(score) (the drafter's marginals along it), corrected by
+    log_factors [L + 1, RANK_CLASSES] for every node of the path at its depth and rank class, capped at 1. The root
+    (node 0) is never counted. On the device, no host sync."""
+    own = log_factors[depths, (ranks > 0).long()]
+    own = torch.where(depths > 0, own, torch.zeros_like(own))
+    p = (scores + path_sums(own, parents, log_factors.shape[0] - 1)).exp().clamp(max=1.0)
+    return torch.where(depths > 0, p, torch.zeros_like(p)).cumsum(0)
 
 
 @dataclass
 class Calibration:
-    """Per depth d >= 1: realised / predicted acceptance of depth d over the run (how often the accepted path
-    reached depth d, against the summed probability of the verified depth-d nodes), with a prior of ratio 1."""
+    """The drafter's confidence, corrected from what the run realised. At each depth d along an accepted path, the
+    accepted node's children are a trial per rank class: the drafter predicts that one of them is accepted with
+    their summed conditional probability (exp(score_child - score_parent)); the run says whether one was. A
+    class's factor is realised over predicted, over the run, with a prior of PRIOR_TRIALS at ratio 1."""
 
     num_depths: int
-    realised: list[float] = field(default_factory=list)
-    predicted: list[float] = field(default_factory=list)
+    realised: list[list[float]] = field(default_factory=list)  # [L + 1][RANK_CLASSES]
+    predicted: list[list[float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.realised:
-            self.realised = [PRIOR_WEIGHT] * (self.num_depths + 1)
-            self.predicted = [PRIOR_WEIGHT] * (self.num_depths + 1)
+            self.realised = [[PRIOR_TRIALS] * RANK_CLASSES for _ in range(self.num_depths + 1)]
+            self.predicted = [[PRIOR_TRIALS] * RANK_CLASSES for _ in range(self.num_depths + 1)]
 
-    def factors(self) -> list[float]:
-        """The correction per depth (index 0, the root, is 1)."""
-        return [1.0] + [r / p for r, p in zip(self.realised[1:], self.predicted[1:], strict=True)]
+    def factors(self) -> list[list[float]]:
+        """The correction per depth and rank class (depth 0, the root, is 1)."""
+        return [[1.0] * RANK_CLASSES] + [[r / p for r, p in zip(rs, ps, strict=True)]
+                                         for rs, ps in zip(self.realised[1:], self.predicted[1:], strict=True)]
 
-    def update(self, reach_predicted: list[float], accepted_depth: int) -> None:
-        """reach_predicted[d]: the raw (uncorrected) summed probability of the verified nodes at depth d;
-        accepted_depth: the depth the accepted path reached (its length minus one)."""
-        for d in range(1, self.num_depths + 1):
-            if reach_predicted[d] > 0:  # only depths the verified tree could reach are evidence
-                self.predicted[d] += reach_predicted[d]
-                self.realised[d] += 1.0 if accepted_depth >= d else 0.0
+    def update(self, parents: list[int], scores: list[float], ranks: list[int], path: list[int]) -> None:
+        """One verified tree and its accepted path (node indices, root first)."""
+        children: dict[int, list[int]] = {}
+        for node, parent in enumerate(parents):
+            if node > 0 and parent >= 0:
+                children.setdefault(parent, []).append(node)
+        for d in range(1, min(len(path), self.num_depths) + 1):
+            parent = path[d - 1]
+            taken = path[d] if d < len(path) else None
+            for cls in range(RANK_CLASSES):
+                kids = [c for c in children.get(parent, []) if min(ranks[c], RANK_CLASSES - 1) == cls]
+                if kids:
+                    self.predicted[d][cls] += sum(math.exp(scores[c] - scores[parent]) for c in kids)
+                    self.realised[d][cls] += 1.0 if taken in kids else 0.0
+            if taken is None:
+                break
 
 
 @dataclass
@@ -95,11 +124,3 @@ def choose(expected_at_buckets: list[float], table: CostTable) -> Choice:
     value = [(1.0 + e) / s for e, s in zip(expected_at_buckets, table.seconds, strict=True)]
     best = max(range(len(value)), key=lambda i: (value[i], -i))
     return Choice(table.buckets[best], tuple(expected_at_buckets), tuple(table.seconds), tuple(value))
-
-
-def reach_by_depth(scores: torch.Tensor, depths: torch.Tensor, num_depths: int) -> torch.Tensor:
-    """[L + 1]: the summed raw probability exp(score) of the given nodes at each depth (root excluded)."""
-    reach = torch.zeros(num_depths + 1, dtype=scores.dtype, device=scores.device)
-    reach.index_add_(0, depths, scores.exp())
-    reach[0] = 0
-    return reach
