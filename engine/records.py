@@ -67,7 +67,7 @@ class BudgetChoice:
     second), and the confidence correction it applied per depth and rank class. drafted=False: an AR step taken without a draft
     (the policy backs off from a drafter whose trees do not pay); its curves are the last drafted step's."""
 
-    chosen: int  # the verified budget (0: the root alone)
+    chosen: int  # the best bucket; 0 starts a back-off, and that drafted step still verifies the smallest tree
     drafted: bool
     buckets: list[int]
     expected: list[float]  # 1 + expected accepted is the expected tokens the step commits

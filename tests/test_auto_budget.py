@@ -13,7 +13,16 @@ from test_decode import check_step_invariants
 
 from engine.config import DecodeConfig
 from engine.decoding.auto_budget import AutoBudgetDecoder, truncate
-from engine.decoding.budget import Calibration, CostTable, buckets_up_to, choose, expected_accepted, path_sums
+from engine.decoding.budget import (
+    CostTable,
+    buckets_up_to,
+    choose,
+    confidence_prior,
+    expected_accepted,
+    learn_confidence,
+    log_confidence,
+    path_sums,
+)
 from engine.decoding.decoder import ARDecoder
 from engine.decoding.session import continuation_of
 from engine.drafters import DrafterSpec, DraftTarget, build_drafter
@@ -102,33 +111,68 @@ def test_cost_table_refuses_bad_times_and_follows_measurements():
     assert table.seconds[1] == pytest.approx(3.0, rel=1e-3) and table.seconds[0] == 1.0
 
 
+def chain_with_siblings(depth: int, top: float, sibling: float):
+    """A verified tree: the root, then per depth a top child (rank 0, conditional `top`) and a sibling (rank 1,
+    conditional `sibling`) under the previous top child. Returns (parents, depths, ranks, scores, top nodes)."""
+    parents, depths, ranks, scores = [-1], [0], [0], [0.0]
+    tops = [0]
+    for d in range(1, depth + 1):
+        v = tops[-1]
+        for rank, p in ((0, top), (1, sibling)):
+            parents.append(v)
+            depths.append(d)
+            ranks.append(rank)
+            scores.append(scores[v] + math.log(p))
+        tops.append(len(parents) - 2)
+    tensors = (torch.tensor(parents), torch.tensor(depths), torch.tensor(ranks), torch.tensor(scores))
+    return *tensors, tops
+
+
 @pytest.mark.parametrize("truth", [0.3, 1.0, 2.0])
 def test_calibration_learns_a_drafters_over_and_under_confidence(truth):
     """A chain whose top token the drafter rates 0.4 at every depth but which is accepted with probability
     0.4 * truth: the rank-0 factors converge to truth; a sibling never accepted drives its factor towards 0."""
     rng = np.random.default_rng(1)
-    cal = Calibration(num_depths=4)
-    # the root, then per depth a top child (rank 0, 0.4 of its parent) and a sibling (rank 1, 0.1) under the
-    # previous top child; the path follows the top children
-    parents, scores, ranks = [-1], [0.0], [0]
-    for d in range(1, 5):
-        top = 0 if d == 1 else len(parents) - 2
-        parents += [top, top]
-        scores += [scores[top] + math.log(0.4), scores[top] + math.log(0.1)]
-        ranks += [0, 1]
-    tops = [0] + [1 + 2 * (d - 1) for d in range(1, 5)]
+    realised, predicted = confidence_prior(4, torch.device("cpu"))
+    parents, depths, ranks, scores, tops = chain_with_siblings(4, 0.4, 0.1)
     for _ in range(6000):
         length = 1
         while length < 5 and rng.random() < 0.4 * truth:
             length += 1
-        cal.update(parents, scores, ranks, tops[:length])
-    got = cal.factors()
-    assert got[0] == [1.0, 1.0]
+        path = torch.tensor(tops[:length] + [-1] * (5 - length))
+        learn_confidence(realised, predicted, parents, depths, ranks, scores, path, torch.tensor(length))
+    got = log_confidence(realised, predicted).exp()
+    assert got[0].tolist() == [1.0, 1.0]
     for d in range(1, 5):
         trials = 6000 * min(1.0, 0.4 * truth) ** (d - 1)  # steps whose path reached depth d - 1
         if trials >= 2000:  # enough evidence for the ratio to sit within 10% of the truth
-            assert got[d][0] == pytest.approx(truth, rel=0.1), (d, got)
-            assert got[d][1] < 0.05, "a sibling that is never accepted"
+            assert got[d, 0].item() == pytest.approx(truth, rel=0.1), (d, got)
+            assert got[d, 1].item() < 0.05, "a sibling that is never accepted"
+
+
+def test_calibration_counts_each_trial_as_a_brute_force_walk_does():
+    """One tree, one path: the evidence added at each (depth, rank class) equals a walk down the path."""
+    tree = random_tree(5, 48)
+    for length in (1, 2, 4):
+        path = [0]
+        while len(path) < length:
+            kids = [c for c in range(1, 49) if int(tree.parents[c]) == path[-1]]
+            if not kids:
+                break
+            path.append(kids[len(path) % len(kids)])
+        realised, predicted = torch.zeros(8, 2), torch.zeros(8, 2)
+        padded = torch.tensor(path + [-1] * (8 - len(path)))
+        learn_confidence(realised, predicted, tree.parents, tree.depths, tree.ranks, tree.scores, padded,
+                         torch.tensor(len(path)))
+        want_r, want_p = torch.zeros(8, 2), torch.zeros(8, 2)
+        for d in range(1, len(path) + 1):
+            v = path[d - 1]
+            for c in range(1, 49):
+                if int(tree.parents[c]) == v:
+                    cls = min(int(tree.ranks[c]), 1)
+                    want_p[d, cls] += math.exp(float(tree.scores[c] - tree.scores[v]))
+                    want_r[d, cls] += 1.0 if d < len(path) and path[d] == c else 0.0
+        assert torch.allclose(predicted, want_p, atol=1e-6) and torch.equal(realised, want_r)
 
 
 def auto_decoder(ckpt, model, cfg, spec, known=None):
@@ -150,7 +194,9 @@ def test_auto_emits_ar_tokens_greedy(tiny, noise, maximum):
         check_step_invariants(step, cfg.num_draft_positions)
         choice = step.budget
         assert choice is not None and choice.chosen in decoder.buckets
-        assert step.tree.num_nodes == choice.chosen + 1, "the verified tree is the chosen truncation"
+        smallest = decoder.buckets[1]  # a drafted step that chooses 0 still verifies the smallest tree
+        assert step.tree.num_nodes == (choice.chosen or (smallest if choice.drafted else 0)) + 1, \
+            "the verified tree is the chosen truncation"
         assert len(choice.expected) == len(choice.cost_s) == len(choice.value) == len(decoder.buckets)
         assert all(v == pytest.approx((1 + e) / c) for e, c, v in zip(choice.expected, choice.cost_s,
                                                                         choice.value, strict=True))

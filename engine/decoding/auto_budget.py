@@ -20,13 +20,14 @@ import torch
 
 from engine.config import DecodeConfig
 from engine.decoding.budget import (
-    RANK_CLASSES,
-    Calibration,
     Choice,
     CostTable,
     buckets_up_to,
     choose,
+    confidence_prior,
     expected_accepted,
+    learn_confidence,
+    log_confidence,
 )
 from engine.decoding.decoder import Decoder, _StepTensors
 from engine.decoding.trees import root_tree
@@ -58,9 +59,8 @@ class AutoBudgetDecoder(Decoder):
         super().__init__(model, prompt, cfg, "ddtree", drafter, timer, cuda_graph)
         dev = model.device
         self.buckets = buckets_up_to(cfg.budget)
-        self.calibration = Calibration(self.depth)
         self._bucket_index = torch.tensor(self.buckets, device=dev)
-        self._log_factors = torch.zeros(self.depth + 1, RANK_CLASSES, device=dev)
+        self._realised, self._predicted = confidence_prior(self.depth, dev)  # the drafter's calibration, on device
         quiet, self.timer = self.timer, StepTimer(dev, enabled=False)  # no stage ranges in the calibration
         self.costs = CostTable(self.buckets, list(self._startup_costs()))
         self.timer = quiet
@@ -71,7 +71,7 @@ class AutoBudgetDecoder(Decoder):
         self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
         self._graph_out: dict[object, object] = {}
         self._to_capture: list[object] = []
-        self._advance_s = 0.0
+        self._timing: tuple | None = None  # the last step's (bucket, start, end): events on CUDA, seconds on the CPU
 
     # -- start-up calibration --------------------------------------------------------------------
     def _startup_costs(self) -> list[float]:
@@ -127,10 +127,18 @@ class AutoBudgetDecoder(Decoder):
             draft = self.drafter.propose(self.root, self.num_generated)
         with self.timer.range("tree_build"):
             tree = ops.tree_build(draft, self.root, self.cfg.budget)
-        tokens, parents, depths, ranks, scores, _ = tree
-        expected = expected_accepted(scores, parents, depths, ranks, self._log_factors).index_select(
-            0, self._bucket_index)
+        _, parents, depths, ranks, scores, _ = tree
+        factors = log_confidence(self._realised, self._predicted)
+        expected = expected_accepted(scores, parents, depths, ranks, factors).index_select(0, self._bucket_index)
         return tuple(tree), draft, prefix_len, expected
+
+    def _verify_part(self, prefix_len: torch.Tensor, tree: tuple[torch.Tensor, ...],
+                     draft: torch.Tensor) -> _StepTensors:
+        """Verify a truncation of the drafted tree and add what it showed to the drafter's calibration."""
+        out = self._verify_and_commit(prefix_len, tree, draft)
+        _, parents, depths, ranks, scores, _ = tree
+        learn_confidence(self._realised, self._predicted, parents, depths, ranks, scores, out.path, out.path_len)
+        return out
 
     def _run(self, key: object, fn):
         """fn's outputs: from its captured graph where there is one, else run eagerly (and captured at the end of
@@ -143,28 +151,56 @@ class AutoBudgetDecoder(Decoder):
         return fn()
 
     def advance(self) -> _StepTensors:
-        start = time.perf_counter()
+        """One step: an AR step without a draft while backing off, else the draft, the choice (the step's one small
+        device-to-host read, which also finds the previous step done, so its time is read without a wait) and the
+        verify of the chosen truncation. A drafted step whose best choice is 0 still verifies the smallest tree, so
+        the calibration keeps learning, and starts the back-off."""
+        self._observe_last_step()  # if the previous step is done already
+        start = self._mark()
         if self.ar_steps_left > 0:
             self.ar_steps_left -= 1
-            self._drafted = False
+            self._drafted, budget = False, 0
             out = self._run("ar", lambda: self._verify_and_commit(self.cache.prefix_len.clone(),
                                                                   root_tree(self.root), None))
         else:
             self._drafted = True
             tree, draft, prefix_len, expected = self._run("draft", self._draft_part)
-            choice = choose(expected.tolist(), self.costs)  # the step's one small device-to-host read
+            choice = choose(expected.tolist(), self.costs)
+            self._observe_last_step()
             self.last_choice = choice
             if choice.budget == 0:
                 self.ar_steps_left, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
+                budget = self.buckets[1]
             else:
-                self.backoff = 1
-            out = self._run(("verify", choice.budget),
-                            lambda: self._verify_and_commit(prefix_len, truncate(tree, choice.budget), draft))
-        self._sync()
-        self._advance_s = time.perf_counter() - start
+                self.backoff, budget = 1, choice.budget
+            out = self._run(("verify", budget), lambda: self._verify_part(prefix_len, truncate(tree, budget), draft))
+        self._timing = (budget if self._drafted else 0, start, self._mark())  # bucket 0: the draft-free AR step
         if self._to_capture:
             self.capture_graph()
         return out
+
+    def _mark(self):
+        """A point in the step's time line: a recorded CUDA event on the GPU (read later, never waited for), the
+        host clock on the CPU."""
+        if self.model.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _observe_last_step(self) -> None:
+        """Refresh the running cost of the last step's bucket, once its end is known to be past."""
+        if self._timing is None:
+            return
+        budget, start, end = self._timing
+        if isinstance(end, torch.cuda.Event):
+            if not end.query():
+                return
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            seconds = end - start
+        self.costs.observe(budget, max(seconds, 1e-9))
+        self._timing = None
 
     @property
     def graph_captured(self) -> bool:
@@ -185,22 +221,10 @@ class AutoBudgetDecoder(Decoder):
 
     def step(self) -> StepRecord:
         record = super().step()
-        self._learn(record)
-        return record
-
-    def _learn(self, record: StepRecord) -> None:
-        """The step's device time refreshes its bucket's cost (bucket 0: the AR step without a draft; a drafted step
-        that chose 0 paid for a draft too, so it refreshes nothing), and a drafted step's outcome refreshes the
-        per-depth confidence."""
         choice = self.last_choice
-        chosen = choice.budget if self._drafted else 0
-        if not self._drafted or chosen > 0:
-            self.costs.observe(chosen, self._advance_s)
-        if self._drafted:
-            tree = record.tree
-            self.calibration.update(tree.parents, tree.scores, tree.ranks, record.path)
-            self._log_factors.copy_(torch.tensor(self.calibration.factors()).log())
         if choice is not None:
-            record.budget = BudgetChoice(chosen=chosen, drafted=self._drafted, buckets=list(self.buckets),
-                                         expected=list(choice.expected), cost_s=list(choice.cost_s),
-                                         value=list(choice.value), confidence=self.calibration.factors())
+            factors = log_confidence(self._realised, self._predicted).exp().tolist()
+            record.budget = BudgetChoice(chosen=choice.budget if self._drafted else 0, drafted=self._drafted,
+                                         buckets=list(self.buckets), expected=list(choice.expected),
+                                         cost_s=list(choice.cost_s), value=list(choice.value), confidence=factors)
+        return record

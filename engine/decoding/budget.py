@@ -7,14 +7,14 @@ expected number of accepted drafted tokens of the truncation at b is a prefix su
 divides (1 + expected accepted) by the step's cost at b, measured per budget bucket (a calibration at start-up,
 refreshed from the run's own steps), and verifies the best bucket, b = 0 (an AR step) included. The drafter's
 over- or under-confidence is corrected per depth and rank class by the running ratio of realised to predicted
-acceptance (Calibration).
+acceptance (learn_confidence), kept on the device.
 
 Any tree is lossless: the policy changes how many tokens a step commits, never which.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -54,43 +54,35 @@ def expected_accepted(scores: torch.Tensor, parents: torch.Tensor, depths: torch
     return torch.where(depths > 0, p, torch.zeros_like(p)).cumsum(0)
 
 
-@dataclass
-class Calibration:
-    """The drafter's confidence, corrected from what the run realised. At each depth d along an accepted path, the
-    accepted node's children are a trial per rank class: the drafter predicts that one of them is accepted with
-    their summed conditional probability (exp(score_child - score_parent)); the run says whether one was. A
-    class's factor is realised over predicted, over the run, with a prior of PRIOR_TRIALS at ratio 1."""
+def confidence_prior(num_depths: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(realised, predicted) [L + 1, RANK_CLASSES]: PRIOR_TRIALS of each at every depth and rank class."""
+    prior = torch.full((num_depths + 1, RANK_CLASSES), PRIOR_TRIALS, device=device)
+    return prior, prior.clone()
 
-    num_depths: int
-    realised: list[list[float]] = field(default_factory=list)  # [L + 1][RANK_CLASSES]
-    predicted: list[list[float]] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        if not self.realised:
-            self.realised = [[PRIOR_TRIALS] * RANK_CLASSES for _ in range(self.num_depths + 1)]
-            self.predicted = [[PRIOR_TRIALS] * RANK_CLASSES for _ in range(self.num_depths + 1)]
+def log_confidence(realised: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+    """[L + 1, RANK_CLASSES] log(realised / predicted), the root's row 0: what expected_accepted takes."""
+    out = (realised / predicted).log()
+    out[0] = 0
+    return out
 
-    def factors(self) -> list[list[float]]:
-        """The correction per depth and rank class (depth 0, the root, is 1)."""
-        return [[1.0] * RANK_CLASSES] + [[r / p for r, p in zip(rs, ps, strict=True)]
-                                         for rs, ps in zip(self.realised[1:], self.predicted[1:], strict=True)]
 
-    def update(self, parents: list[int], scores: list[float], ranks: list[int], path: list[int]) -> None:
-        """One verified tree and its accepted path (node indices, root first)."""
-        children: dict[int, list[int]] = {}
-        for node, parent in enumerate(parents):
-            if node > 0 and parent >= 0:
-                children.setdefault(parent, []).append(node)
-        for d in range(1, min(len(path), self.num_depths) + 1):
-            parent = path[d - 1]
-            taken = path[d] if d < len(path) else None
-            for cls in range(RANK_CLASSES):
-                kids = [c for c in children.get(parent, []) if min(ranks[c], RANK_CLASSES - 1) == cls]
-                if kids:
-                    self.predicted[d][cls] += sum(math.exp(scores[c] - scores[parent]) for c in kids)
-                    self.realised[d][cls] += 1.0 if taken in kids else 0.0
-            if taken is None:
-                break
+def learn_confidence(realised: torch.Tensor, predicted: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                     ranks: torch.Tensor, scores: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor) -> None:
+    """Add one verified tree's evidence, in place and on the device (no host sync). At each depth d the accepted
+    path reached d - 1 at node v = path[d - 1]; v's children are that depth's trial per rank class: the drafter
+    predicts one of them is accepted with their summed conditional probability exp(score_child - score_v), and the
+    run realises 1 for the class of the child the path took (path[d]), if any."""
+    n = parents.shape[0]
+    depth_index = (depths - 1).clamp(min=0, max=path.shape[0] - 1)
+    parent = parents.clamp(min=0)
+    under_path = (depths > 0) & (parents >= 0) & (depth_index < path_len) & (path[depth_index] == parents)
+    taken = under_path & (depths < path_len) & (path[depths.clamp(max=path.shape[0] - 1)] == torch.arange(
+        n, device=parents.device))
+    cell = depths * RANK_CLASSES + (ranks > 0).long()
+    conditional = (scores - scores[parent]).exp()
+    predicted.view(-1).index_add_(0, cell, torch.where(under_path, conditional, torch.zeros_like(conditional)))
+    realised.view(-1).index_add_(0, cell, taken.to(realised.dtype))
 
 
 @dataclass
