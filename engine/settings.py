@@ -54,9 +54,6 @@ class Setting:
         """The argparse attribute the flag fills."""
         return self.flag.lstrip("-").replace("-", "_")
 
-    def key_for(self, name: str) -> str:
-        return self.key or name
-
     def expected(self, kind: type) -> str:
         """What the field may hold, in words: the text of every out-of-range message."""
         hi = "inf" if self.hi is None else f"{self.hi:d}" if kind is int else f"{self.hi:g}"
