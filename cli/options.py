@@ -40,9 +40,8 @@ def add_drafter_args(p: argparse.ArgumentParser) -> None:
     """--drafter and every registered drafter's settings, one flag per setting (a flag two drafters share is one
     option); a flag left out is None, so drafter_spec knows which were given."""
     p.add_argument("--drafter", choices=sorted(REGISTRY),
-                   help="default: dflash when the model has a DFlash directory beside it (<dir>/dflash/ or "
-                        "<model>-dflash/) and no other drafter's option is given, else the drafter whose options "
-                        "are given, else oracle. " +
+                   help="default: the drafter whose options are given, else dflash when the model has a DFlash "
+                        "directory beside it (<dir>/dflash/ or <model>-dflash/), else oracle. " +
                         " ".join(f"{name}: {entry.summary}" for name, entry in REGISTRY.items()))
     for opt, names in drafter_flags().values():
         _add_option(p, opt, None, prefix=f"{', '.join(names)}: ",
