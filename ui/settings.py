@@ -178,7 +178,7 @@ def _decode(ckpt: Checkpoint, prompt_len: int) -> tuple[dict, bool]:
     values = {}
     positions = ckpt.config.max_position_embeddings
     for opt in (o for o in options_of(DecodeConfig) if o.setting.section == DECODE):
-        if opt.name == "max_new_tokens":
+        if opt.name == "max_new_tokens":  # drawn after the block size, which its room depends on
             lo, hi = max_new_tokens_range(ckpt, prompt_len, values["block_size"])
             values[opt.name] = setting_widgets.draw(
                 opt, hi=positions, extra=f"{lo} to {hi} here: the model's context of {positions} positions holds "
@@ -186,7 +186,6 @@ def _decode(ckpt: Checkpoint, prompt_len: int) -> tuple[dict, bool]:
         else:
             values[opt.name] = setting_widgets.draw(opt, choices=devices() if opt.name == "device" else None)
     max_new_tokens, block_size = values["max_new_tokens"], values["block_size"]
-    lo, hi = max_new_tokens_range(ckpt, prompt_len, block_size)
     fits = lo <= max_new_tokens <= hi
     if not fits:
         st.error(f"Max new tokens: {max_new_tokens} is out of range: expected {lo} to {hi} (the context of "
