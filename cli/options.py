@@ -8,7 +8,7 @@ import pathlib
 
 import torch
 
-from engine.config import DEVICES, DTYPES, DecodeConfig
+from engine.config import ConfigError, DecodeConfig
 from engine.decoding.decoder import validate_prompt
 from engine.decoding.session import parse_prompt
 from engine.drafters import REGISTRY, DrafterSpec
@@ -17,6 +17,7 @@ from engine.loaders.dflash_checkpoint import dflash_dir_beside
 from engine.loaders.loading import load_model
 from engine.loaders.shipped import DEFAULT_MODEL
 from engine.records import TREES
+from engine.settings import Option, options_of
 
 
 class CliError(ValueError):
@@ -36,38 +37,42 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_drafter_args(p: argparse.ArgumentParser) -> None:
+    """--drafter and every registered drafter's settings, one flag per setting (a flag two drafters share is one
+    option); a flag left out is None, so drafter_spec knows which were given."""
     p.add_argument("--drafter", choices=sorted(REGISTRY),
-                   help="default: dflash when the model has a DFlash directory beside it (<dir>/dflash/ or "
-                        "<model>-dflash/) and no oracle option is given, else oracle. " +
-                        "; ".join(f"{name}: {entry.summary}" for name, entry in REGISTRY.items()))
-    p.add_argument("--noise", type=float, default=0.0, help="oracle: chance to demote the true token (default 0)")
-    p.add_argument("--drafter-seed", type=int, default=0, help="oracle: seed of its distractors (default 0)")
-    p.add_argument("--drafter-model", metavar="DIR", help="dflash: the DFlash checkpoint directory (default: the "
-                                                            "one beside the model)")
+                   help="default: the drafter whose options are given, else dflash when the model has a DFlash "
+                        "directory beside it (<dir>/dflash/ or <model>-dflash/), else oracle. " +
+                        " ".join(f"{name}: {entry.summary}" for name, entry in REGISTRY.items()))
+    for opt, names in drafter_flags().values():
+        _add_option(p, opt, None, prefix=f"{', '.join(names)}: ",
+                    default_text=None if opt.default is None else str(opt.default))
 
 
 def add_decode_args(p: argparse.ArgumentParser, budget: bool = True, max_new_default: int | None = None) -> None:
-    defaults = DecodeConfig()
-    if budget:
-        p.add_argument("--budget", type=int, default=defaults.budget, help="tree budget B (drafted nodes)")
-    p.add_argument("--block-size", type=int, default=defaults.block_size, help="L + 1 (L drafted positions)")
-    p.add_argument("--max-new", "--max-new-tokens", dest="max_new", type=int, default=max_new_default,
-                   help="tokens to generate (default: the fixture's golden length for its own prompt, else "
-                        f"{defaults.max_new_tokens})")
-    p.add_argument("--device", default=defaults.device, choices=DEVICES)
-    p.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
-    p.add_argument("--temperature", type=float, default=defaults.temperature,
-                   help="the target samples softmax(logits / T) at every node; 0 is greedy (default 0)")
-    p.add_argument("--top-k", type=int, default=defaults.top_k, help="sample among the k most likely tokens "
-                                                                    "(default 0: no limit)")
-    p.add_argument("--top-p", type=float, default=defaults.top_p, help="sample within the top-p nucleus "
-                                                                      "(default 1: no limit)")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="compute every row as AR computes it (fixed row blocks, position-ordered attention): "
-                        "DDTree == AR bit for bit in every dtype, at a cost (benchmarks/RESULTS.md)")
-    p.add_argument("--seed", type=int, default=defaults.seed,
-                   help="the sampling seed: noise is keyed by (seed, position), so AR and DDTree draw alike "
-                        "(default 0)")
+    """One flag per DecodeConfig field, from its Setting (sweep passes budget=False: it takes --budgets). --max-new
+    defaults to max_new_default, else (None) to decode_config's rule."""
+    for opt in options_of(DecodeConfig):
+        if opt.name == "budget" and not budget:
+            continue
+        if opt.name == "max_new_tokens":
+            _add_option(p, opt, max_new_default, default_text=str(max_new_default) if max_new_default is not None
+                        else f"the fixture's golden length for its own prompt, else {opt.default}")
+        else:
+            _add_option(p, opt, opt.default, default_text=str(opt.default))
+
+
+def _add_option(p: argparse.ArgumentParser, opt: Option, default: object, prefix: str = "",
+                default_text: str | None = None) -> None:
+    """The flag of one Setting: its help, what it may hold, and its default."""
+    s = opt.setting
+    text = f"{prefix}{s.help}" + (f"; {opt.expected}" if opt.kind in (int, float) else "")
+    help_text = (text + (f" (default: {default_text})" if default_text is not None else "")).replace("%", "%%")
+    flags = (s.flag, *s.aliases)
+    if opt.kind is bool:
+        p.add_argument(*flags, dest=s.dest, action="store_true", default=default, help=help_text)
+    else:
+        p.add_argument(*flags, dest=s.dest, type=opt.kind, default=default, choices=s.choices or None,
+                       metavar=s.metavar, help=help_text)
 
 
 def add_tree_arg(p: argparse.ArgumentParser) -> None:
@@ -98,41 +103,56 @@ def pick_prompt(args: argparse.Namespace, ckpt: Checkpoint) -> list[int]:
 
 
 def decode_config(args: argparse.Namespace, ckpt: Checkpoint, prompt: list[int]) -> DecodeConfig:
-    """--max-new defaults to the fixture's golden length for its own prompt, else to DecodeConfig's."""
-    max_new = args.max_new
-    if max_new is None:
-        own = ckpt.golden_tokens is not None and ckpt.prompt is not None and prompt == ckpt.prompt.tolist()
-        max_new = len(ckpt.golden_tokens) if own else DecodeConfig().max_new_tokens
-    if args.device == "cuda" and not torch.cuda.is_available():
+    """--max-new defaults to the fixture's golden length for its own prompt, else to DecodeConfig's. A value out
+    of its field's range is a CliError naming the flag."""
+    values = {}
+    for opt in (o for o in options_of(DecodeConfig) if hasattr(args, o.setting.dest)):  # sweep has no --budget
+        value = getattr(args, opt.setting.dest)
+        if opt.name == "max_new_tokens" and value is None:
+            own = ckpt.golden_tokens is not None and ckpt.prompt is not None and prompt == ckpt.prompt.tolist()
+            value = len(ckpt.golden_tokens) if own else opt.default
+        values[opt.name] = _checked(opt, value)
+    if values["device"] == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda: torch sees no CUDA GPU here; use --device cpu")
-    return DecodeConfig(budget=getattr(args, "budget", DecodeConfig().budget), block_size=args.block_size,
-                        max_new_tokens=max_new, device=args.device, dtype=args.dtype, seed=args.seed,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        batch_invariant=args.batch_invariant)
+    return DecodeConfig(**values)
 
 
-DRAFTER_FLAGS = {"noise": "--noise", "seed": "--drafter-seed", "model": "--drafter-model"}  # DrafterSpec field
+def _checked(opt: Option, value: object) -> object:
+    try:
+        return opt.check(value)
+    except ConfigError as exc:
+        raise CliError(f"{opt.setting.flag}: {exc}") from None
+
+
+def drafter_flags() -> dict[str, tuple[Option, list[str]]]:
+    """argparse dest -> (the Setting's option, the drafters taking it), over every registered drafter."""
+    flags: dict[str, tuple[Option, list[str]]] = {}
+    for name, entry in REGISTRY.items():
+        for opt in options_of(entry.settings):
+            flags.setdefault(opt.setting.dest, (opt, []))[1].append(name)
+    return flags
 
 
 def drafter_spec(args: argparse.Namespace) -> DrafterSpec:
-    """The DrafterSpec the options describe; options of another drafter must stay at their defaults. Without
-    --drafter, a model with a DFlash directory beside it drafts with that drafter, any other with the oracle
-    (so --noise alone still picks the oracle)."""
+    """The DrafterSpec the options describe; options of another drafter are refused. Without --drafter: the drafter
+    whose options are given (the first in the registry that takes one), else the DFlash drafter when the model has a
+    DFlash directory beside it, else the oracle."""
+    given = {dest: value for dest in drafter_flags() if (value := getattr(args, dest, None)) is not None}
     beside = dflash_dir_beside(args.model)
-    oracle_flags = args.noise != 0.0 or args.drafter_seed != 0
-    name = args.drafter or ("dflash" if (beside or args.drafter_model) and not oracle_flags else "oracle")
-    fields = REGISTRY[name].fields
-    model = args.drafter_model or (str(beside) if beside and name == "dflash" else None)
-    given = {"noise": args.noise, "seed": args.drafter_seed, "model": model}
-    stray = [DRAFTER_FLAGS[k] for k, v in given.items()
-             if k not in fields and v != DrafterSpec.__dataclass_fields__[k].default]
+    name = args.drafter or next((n for n, entry in REGISTRY.items()
+                                 if any(opt.setting.dest in given for opt in options_of(entry.settings))),
+                                "dflash" if beside else "oracle")
+    options = {opt.setting.dest: opt for opt in options_of(REGISTRY[name].settings)}
+    stray = [drafter_flags()[dest][0].setting.flag for dest in given if dest not in options]
     if stray:
         raise CliError(f"--drafter {name} does not take {', '.join(stray)}")
+    values = {options[dest].name: _checked(options[dest], value) for dest, value in given.items()}
+    if name == "dflash" and "model" not in values and beside:
+        values["model"] = str(beside)  # the target's own drafter
     try:
-        return DrafterSpec(name, **{k: v for k, v in given.items() if k in fields})
-    except ValueError as exc:
-        flag = next((DRAFTER_FLAGS[k] for k in fields if k in str(exc)), "--drafter")
-        raise CliError(f"{flag}: {exc}") from exc
+        return DrafterSpec(name, **values)
+    except ConfigError as exc:
+        raise CliError(f"--drafter {name}: {exc}") from None
 
 
 def check_output_file(path: pathlib.Path, force: bool, flag: str) -> None:

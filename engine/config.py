@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.loaders import strict_json
+from engine.settings import ConfigError, Setting, check_fields, option
 
 MAX_BUDGET = 1024
 MAX_NEW_TOKENS = 1 << 20  # a bound before anything is sized from it; the context is checked per model
@@ -20,11 +21,8 @@ MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 2, 32
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16")
 SCORING_FUNCS = ("sigmoid", "softmax")
+DECODE, SAMPLING = "Decode", "Sampling"  # the sidebar's sections
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: fixed in DeepSeek-V3 and transformers, not rms_norm_eps
-
-
-class ConfigError(ValueError):
-    """A configuration field is missing, of the wrong type, or out of range."""
 
 
 def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
@@ -241,40 +239,46 @@ class ModelConfig:
 class DecodeConfig:
     """How to decode: tree budget B (drafted nodes, root excluded), block size (L = block_size - 1 drafted
     positions), how many tokens to generate, where, and how the target picks its token at every node
-    (temperature 0: greedy; else a sample restricted by top_k / top_p, keyed by seed and position)."""
+    (temperature 0: greedy; else a sample restricted by top_k / top_p, keyed by seed and position). Each field's
+    Setting is its one description: the range checked here and the CLI flag, sidebar widget and URL parameter."""
 
-    budget: int = 64
-    block_size: int = 8
-    max_new_tokens: int = 24
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    temperature: float = 0.0
-    top_k: int = 0  # 0: no top-k filter
-    top_p: float = 1.0  # 1: no nucleus filter
-    batch_invariant: bool = False  # every row computed as AR computes it: DDTree == AR bit for bit
+    budget: int = option(64, Setting(
+        "drafted nodes per step (the tree budget B), root excluded; 0 is plain AR", "Budget B (tree nodes)",
+        "--budget", lo=0, hi=MAX_BUDGET, step=1, section=DECODE))
+    block_size: int = option(8, Setting(
+        "L + 1: the drafter proposes block_size - 1 positions per step", "Block size", "--block-size",
+        lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE, step=1, section=DECODE))
+    max_new_tokens: int = option(24, Setting(
+        "tokens to generate", "Max new tokens", "--max-new", aliases=("--max-new-tokens",), lo=1,
+        hi=MAX_NEW_TOKENS, step=1, section=DECODE))
+    device: str = option("cpu", Setting(
+        "where the target runs (cuda is offered when torch sees a GPU)", "Device", "--device", "select",
+        choices=DEVICES, section=DECODE))
+    dtype: str = option("float32", Setting(
+        "the dtype of the target's weights and activations", "Dtype", "--dtype", "select", choices=DTYPES,
+        section=DECODE))
+    temperature: float = option(0.0, Setting(
+        "the target samples softmax(logits / T) at every node; at 0 (greedy) every mode must emit exactly the AR "
+        "tokens, above it AR and DDTree still agree (the noise is keyed by seed and position)", "Temperature",
+        "--temperature", lo=0.0, hi=MAX_TEMPERATURE, step=0.1, note="0: greedy", section=SAMPLING))
+    top_k: int = option(0, Setting(
+        "sample among the k most likely tokens", "Top-k", "--top-k", lo=0, step=1, note="0: no top-k filter",
+        section=SAMPLING, sampling_only=True))
+    top_p: float = option(1.0, Setting(
+        "sample within the smallest set of tokens holding this much probability (the nucleus)", "Top-p",
+        "--top-p", lo=0.0, lo_open=True, hi=1.0, step=0.05, note="1: no nucleus filter", section=SAMPLING,
+        sampling_only=True))
+    seed: int = option(0, Setting(
+        "the sampling seed: the target's noise is keyed by (seed, position), so AR and DDTree draw alike",
+        "Sampling seed", "--seed", lo=0, hi=2**63 - 1, step=1, key="sample_seed", section=SAMPLING,
+        sampling_only=True))
+    batch_invariant: bool = option(False, Setting(
+        "compute every verify row as AR computes it (fixed row blocks, position-ordered attention): DDTree == AR "
+        "bit for bit in every dtype, with no numerics near ties, at a cost (benchmarks/RESULTS.md)",
+        "Batch-invariant", "--batch-invariant", "toggle", section=SAMPLING))
 
     def __post_init__(self) -> None:
-        for name in ("budget", "block_size", "max_new_tokens", "seed", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-                object.__setattr__(self, name, int(value))  # numpy integers are integers too
-        for name in ("temperature", "top_p"):
-            value = getattr(self, name)
-            if isinstance(value, numbers.Real) and not isinstance(value, bool):
-                object.__setattr__(self, name, float(value))
-        _check_int("budget", self.budget, 0, MAX_BUDGET)
-        _check_int("block_size", self.block_size, MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
-        _check_int("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS)
-        _check(self.device in DEVICES, "device", self.device, f"one of {DEVICES}")
-        _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
-        _check_int("seed", self.seed, 0, 2**63 - 1)
-        _check(isinstance(self.temperature, float) and 0.0 <= self.temperature <= MAX_TEMPERATURE,
-               "temperature", self.temperature, f"a number in [0, {MAX_TEMPERATURE:g}] (0: greedy)")
-        _check_int("top_k", self.top_k, 0)
-        _check(isinstance(self.top_p, float) and 0.0 < self.top_p <= 1.0, "top_p", self.top_p,
-               "a number in (0, 1] (1: no nucleus filter)")
-        _check(isinstance(self.batch_invariant, bool), "batch_invariant", self.batch_invariant, "true or false")
+        check_fields(self)
 
     @property
     def num_draft_positions(self) -> int:

@@ -3,10 +3,19 @@ with them shows the same settings, and values that do not fit (or an upload, whi
 named in a notice while the defaults stand in."""
 from __future__ import annotations
 
+import math
 import random
 
+import pytest
 from streamlit.testing.v1 import AppTest
 from test_app import FIXTURE, ROOT, TIMEOUT, run, start
+from test_drafters import ToySettings, build_toy
+
+from engine.config import ConfigError, DecodeConfig
+from engine.drafters import REGISTRY, DrafterEntry, DrafterSpec
+from engine.loaders.loading import load_model
+from engine.settings import options_of
+from ui import query, setting_widgets
 
 
 def open_link(params: dict[str, str]) -> AppTest:
@@ -54,3 +63,39 @@ def test_values_that_do_not_fit_and_uploads_are_named():
     assert "dtype='float64'" in notice and "top_p='x'" in notice
     settings = at.session_state["settings"]
     assert settings.block_size == 4 and settings.budget == 64 and settings.dtype == "float32"
+
+
+def outside(opt) -> list:
+    s = opt.setting
+    return [opt.kind(s.lo) if s.lo_open else opt.kind(s.lo - 1)] + ([] if s.hi is None else [opt.kind(s.hi + 1)])
+
+
+def test_the_sidebar_and_the_link_take_exactly_the_configs_ranges():
+    at = start(FIXTURE.name)
+    positions = load_model(FIXTURE).config.max_position_embeddings
+    for opt in (o for o in options_of(DecodeConfig) if o.kind in (int, float)):
+        widget = at.sidebar.number_input(key=opt.key)
+        lo, hi = setting_widgets.number_bounds(opt)
+        assert (widget.min, widget.step) == (lo, opt.setting.step), opt.name
+        assert widget.max == (positions if opt.name == "max_new_tokens" else hi), opt.name
+        assert getattr(DecodeConfig(**{opt.name: lo}), opt.name) == lo, "the widget's least value is the config's"
+        for value in outside(opt):  # the link's parser refuses what the config refuses, in the same words
+            with pytest.raises(ConfigError) as config:
+                DecodeConfig(**{opt.name: value})
+            with pytest.raises(ConfigError) as link:
+                query.fields()[opt.key][0](str(value))
+            assert str(link.value) == str(config.value)
+    noise = at.sidebar.slider(key="noise")
+    assert (noise.min, noise.max, noise.step) == (0.0, 1.0, 0.05)
+    assert at.sidebar.number_input(key="top_p").min == math.nextafter(0.0, 1.0), "top-p is (0, 1], as configured"
+
+
+def test_a_registered_drafter_gets_its_sidebar_control_and_link_parameter(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "toy", DrafterEntry("Random log-probabilities.", ToySettings, build_toy))
+    at = open_link({"model": FIXTURE.name, "drafter": "toy", "width": "5"})
+    width = at.sidebar.number_input(key="width")
+    assert (width.label, width.min, width.max, width.value) == ("Width", 1, 8, 5)
+    assert at.session_state["settings"].drafter == DrafterSpec("toy", width=5)
+    assert params_of(at)["width"] == "5"
+    notice = next(i.value for i in open_link({"drafter": "toy", "width": "9"}).info if "link's settings" in i.value)
+    assert "width='9' (expected an integer in [1, 8])" in notice

@@ -1,6 +1,8 @@
 """`python -m engine run`: a real decode of the tiny fixture to a report directory, and the error cases."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import pathlib
 import random
@@ -11,6 +13,10 @@ import pytest
 import torch
 
 from cli.__main__ import main
+from cli.options import CliError, add_decode_args, add_drafter_args, add_model_args, decode_config, drafter_spec
+from engine.config import ConfigError, DecodeConfig
+from engine.drafters import REGISTRY, DrafterSpec
+from engine.settings import options_of
 from profiling.report import FORMATS
 
 TINY = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
@@ -181,9 +187,7 @@ def test_prompt_text_needs_a_tokenizer_and_reaches_the_reports(tiny_target_run, 
 
 def test_the_default_drafter_is_the_models_own_dflash_else_the_oracle(tmp_path):
     """Without --drafter: the DFlash directory beside the model, unless an oracle option is given."""
-    import argparse
-
-    from cli.options import DEFAULT_MODEL, add_drafter_args, add_model_args, drafter_spec
+    from cli.options import DEFAULT_MODEL
     from engine.loaders.dflash_checkpoint import dflash_dir_beside
 
     parser = argparse.ArgumentParser()
@@ -197,3 +201,56 @@ def test_the_default_drafter_is_the_models_own_dflash_else_the_oracle(tmp_path):
     assert drafter_spec(parser.parse_args(["--model", str(tmp_path / "model")])).name == "oracle"
     picked = drafter_spec(parser.parse_args(["--model", str(TINY), "--drafter-model", str(tmp_path)]))
     assert picked.name == "dflash" and picked.model == str(tmp_path)
+
+
+def decode_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    add_drafter_args(parser)
+    add_decode_args(parser)
+    return parser
+
+
+def outside(opt) -> list:
+    s = opt.setting
+    return [opt.kind(s.lo) if s.lo_open else opt.kind(s.lo - 1)] + ([] if s.hi is None else [opt.kind(s.hi + 1)])
+
+
+@pytest.mark.parametrize("opt", [o for o in options_of(DecodeConfig) if o.kind in (int, float)], ids=lambda o: o.name)
+def test_the_decode_flags_take_exactly_the_configs_range(opt, tiny_checkpoint):
+    parser = decode_parser()
+    assert opt.expected in " ".join(parser.format_help().split()), "the help states the range"
+    for value in outside(opt):
+        args = parser.parse_args(["--model", str(TINY), opt.setting.flag, str(value)])
+        with pytest.raises(ConfigError) as config:
+            DecodeConfig(**{opt.name: value})
+        with pytest.raises(CliError) as cli:
+            decode_config(args, tiny_checkpoint, tiny_checkpoint.prompt.tolist())
+        assert str(cli.value) == f"{opt.setting.flag}: {config.value}"
+    edge = opt.kind(opt.setting.hi if opt.setting.hi is not None else opt.setting.lo + 1)
+    args = parser.parse_args(["--model", str(TINY), opt.setting.flag, str(edge)])
+    assert getattr(decode_config(args, tiny_checkpoint, tiny_checkpoint.prompt.tolist()), opt.name) == edge
+
+
+def test_the_decode_flags_are_the_configs_fields_with_their_defaults(tiny_checkpoint):
+    args = decode_parser().parse_args(["--model", str(TINY)])
+    cfg = decode_config(args, tiny_checkpoint, tiny_checkpoint.prompt.tolist())
+    golden = len(tiny_checkpoint.golden_tokens)
+    assert cfg == dataclasses.replace(DecodeConfig(), max_new_tokens=golden), "--max-new: the fixture's golden length"
+    aliased = decode_parser().parse_args(["--model", str(TINY), "--max-new-tokens", "5", "--batch-invariant"])
+    cfg = decode_config(aliased, tiny_checkpoint, [1, 2])
+    assert (cfg.max_new_tokens, cfg.batch_invariant) == (5, True)
+    assert decode_config(decode_parser().parse_args([]), tiny_checkpoint, [1, 2]).max_new_tokens == 24
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_the_drafter_flags_take_exactly_their_settings_range(name):
+    parser = decode_parser()
+    for opt in (o for o in options_of(REGISTRY[name].settings) if o.kind in (int, float)):
+        for value in outside(opt):
+            with pytest.raises(ConfigError) as config:
+                DrafterSpec(name, **{opt.name: value})
+            args = parser.parse_args(["--model", str(TINY), "--drafter", name, opt.setting.flag, str(value)])
+            with pytest.raises(CliError) as cli:
+                drafter_spec(args)
+            assert str(cli.value) == f"{opt.setting.flag}: {config.value}"

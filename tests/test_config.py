@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import MAX_TOTAL_EXPERTS, ConfigError, DecodeConfig, ModelConfig
+from engine.config import DECODE, MAX_TOTAL_EXPERTS, SAMPLING, ConfigError, DecodeConfig, ModelConfig
 from engine.loaders.hf_config import ARCHITECTURE, config_from_hf, fp8_block_size
 from engine.loaders.hf_import import HFLoadError
 from engine.model import reference, rope
 from engine.model.fixtures import tiny_config
 from engine.model.weights import weight_shapes
+from engine.settings import options_of
 
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
@@ -205,3 +206,53 @@ def test_decode_config_rejects_out_of_range(kwargs, needle):
 def test_decode_config_bounds_are_inclusive():
     assert DecodeConfig(budget=0, block_size=2).num_draft_positions == 1
     assert DecodeConfig(budget=1024, block_size=32).num_draft_positions == 31
+
+
+def test_every_decode_field_carries_its_setting():
+    options = options_of(DecodeConfig)
+    assert [o.name for o in options] == [f.name for f in dataclasses.fields(DecodeConfig)]
+    flags = [flag for o in options for flag in (o.setting.flag, *o.setting.aliases)]
+    assert len(set(flags)) == len(flags) and all(f.startswith("--") for f in flags)
+    assert len({o.key for o in options}) == len(options)
+    for o in options:
+        s = o.setting
+        assert s.help and s.label and s.section in (DECODE, SAMPLING), o.name
+        assert o.kind in (int, float, bool, str) and o.check(o.default) == o.default, o.name
+        if o.kind in (int, float):
+            assert s.widget in ("number", "slider") and s.lo is not None and s.step, o.name
+        assert (s.widget == "select") == bool(s.choices) and (s.widget == "toggle") == (o.kind is bool), o.name
+
+
+def numeric_options():
+    return [o for o in options_of(DecodeConfig) if o.kind in (int, float)]
+
+
+@pytest.mark.parametrize("opt", numeric_options(), ids=lambda o: o.name)
+def test_decode_config_checks_the_range_its_setting_states(opt):
+    s = opt.setting
+    below = opt.kind(s.lo) if s.lo_open else opt.kind(s.lo - 1)
+    outside = [below] + ([] if s.hi is None else [opt.kind(s.hi + 1)])
+    for value in outside:
+        with pytest.raises(ConfigError) as caught:
+            DecodeConfig(**{opt.name: value})
+        assert str(caught.value) == f"{opt.name}={value!r} is out of range: expected {opt.expected}"
+    inside = [math.nextafter(s.lo, math.inf) if s.lo_open else opt.kind(s.lo)]
+    inside += [] if s.hi is None else [opt.kind(s.hi)]
+    assert [getattr(DecodeConfig(**{opt.name: v}), opt.name) for v in inside] == inside
+
+
+def test_top_p_is_open_at_zero_and_closed_at_one():
+    top_p = next(o for o in options_of(DecodeConfig) if o.name == "top_p")
+    assert top_p.expected == "a number in (0, 1] (1: no nucleus filter)"
+    with pytest.raises(ConfigError, match=r"top_p=0.0 is out of range: expected a number in \(0, 1\]"):
+        DecodeConfig(top_p=0.0)
+    assert DecodeConfig(top_p=1e-9).top_p == 1e-9
+
+
+def test_decode_numbers_are_stored_as_plain_ints_and_floats():
+    cfg = DecodeConfig(budget=np.int64(5), temperature=1, top_p=np.float32(0.5), seed=np.uint8(3))
+    assert (type(cfg.budget), type(cfg.temperature), type(cfg.top_p), type(cfg.seed)) == (int, float, float, int)
+    with pytest.raises(ConfigError, match="batch_invariant=1 .*true or false"):
+        DecodeConfig(batch_invariant=1)
+    with pytest.raises(ConfigError, match="device='tpu' is out of range: expected one of cpu, cuda"):
+        DecodeConfig(device="tpu")

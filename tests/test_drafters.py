@@ -2,18 +2,24 @@
 registry's typed spec, chain mode, and a drafter's bad output stopped where it enters the step."""
 from __future__ import annotations
 
+import argparse
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 
+from cli.options import CliError, add_drafter_args, add_model_args, drafter_spec
 from engine.config import ConfigError, DecodeConfig
 from engine.decoding.decoder import DecodeError, Decoder
 from engine.decoding.session import decode, make_decoder
-from engine.drafters import REGISTRY, DrafterSpec
+from engine.drafters import REGISTRY, DrafterEntry, DrafterSpec, DraftTarget
+from engine.drafters.oracle import OracleSettings
+from engine.loaders.shipped import TINY_FIXTURE as TINY
 from engine.model import reference
 from engine.model.target import TargetModel
+from engine.settings import Setting, check_fields, option, options_of
 from profiling.metrics import tau
 
 
@@ -112,11 +118,60 @@ def test_a_bad_spec_is_refused_naming_the_field(kwargs, message):
         DrafterSpec(**kwargs)
 
 
-def test_the_registry_entries_name_their_fields():
+def test_each_drafter_declares_its_settings_with_their_metadata():
     for name, entry in REGISTRY.items():
-        assert entry.summary and set(entry.fields) <= {"noise", "seed", "model"}, name
+        options = options_of(entry.settings)
+        assert entry.summary and [o.name for o in options] == list(entry.fields), name
+        assert all(o.setting.flag.startswith("--") and o.setting.help and o.setting.label for o in options), name
     spec = DrafterSpec(noise=0.25, seed=3)
+    assert spec.options == OracleSettings(0.25, 3) and spec == DrafterSpec("oracle", OracleSettings(0.25, 3))
     assert spec.settings() == {"noise": 0.25, "seed": 3} and spec.label() == "oracle (noise 0.25, seed 3)"
+    assert (spec.noise, spec.seed) == (0.25, 3)
+    dflash = DrafterSpec("dflash", model="models/x/dflash")
+    assert dflash.settings() == {"model": "models/x/dflash"} and dflash.label() == "dflash (models/x/dflash)"
+    with pytest.raises(ConfigError, match="drafter 'dflash' takes one DFlashSettings"):
+        DrafterSpec("dflash", OracleSettings())
+
+
+@dataclass(frozen=True, slots=True)
+class ToySettings:
+    """A drafter added in a test: one settings class and one build function, nothing else."""
+
+    width: int = option(2, Setting("how many depths the toy drafts at random", "Width", "--toy-width", lo=1, hi=8,
+                                   step=1))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def build_toy(settings: ToySettings, target: DraftTarget) -> ProbeDrafter:
+    return ProbeDrafter(target.model.cfg.vocab_size, target.cfg.num_draft_positions, (), settings.width)
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "toy", DrafterEntry("Random log-probabilities.", ToySettings, build_toy))
+
+
+def test_a_new_drafter_is_one_settings_class_and_one_registry_line(toy, tiny):
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    add_drafter_args(parser)
+    help_text = " ".join(parser.format_help().split())
+    assert "{dflash,oracle,toy}" in help_text and "--toy-width TOY_WIDTH toy: how many depths" in help_text
+    assert "an integer in [1, 8] (default: 2)" in help_text
+    spec = drafter_spec(parser.parse_args(["--model", str(TINY), "--toy-width", "3"]))  # its flag picks it
+    assert spec == DrafterSpec("toy", width=3) and spec.label() == "toy (width 3)"
+    with pytest.raises(CliError, match=r"--toy-width: width=9 is out of range: expected an integer in \[1, 8\]"):
+        drafter_spec(parser.parse_args(["--model", str(TINY), "--toy-width", "9"]))
+    with pytest.raises(CliError, match="--drafter oracle does not take --toy-width"):
+        drafter_spec(parser.parse_args(["--model", str(TINY), "--drafter", "oracle", "--toy-width", "3"]))
+    with pytest.raises(ConfigError, match="drafter 'toy' does not take noise; it takes width"):
+        DrafterSpec("toy", noise=0.5)
+    ckpt, model = tiny
+    cfg = DecodeConfig(budget=12, block_size=4, max_new_tokens=10)
+    run = decode(ckpt, ckpt.prompt.tolist(), cfg, "ddtree", spec, model=model)
+    assert run.tokens == decode(ckpt, ckpt.prompt.tolist(), cfg, "ar", model=model).tokens
 
 
 class BadDrafter(ProbeDrafter):

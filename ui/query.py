@@ -11,63 +11,32 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MAX_POSITIONS, MAX_TEMPERATURE, MIN_BLOCK_SIZE
 from engine.drafters import REGISTRY
 from engine.loaders.shipped import bundled_models
 from engine.records import TREES
 from ui import prompt, resources
+from ui.settings import setting_options
+
+Parser = tuple[Callable[[str], object], str]  # (text -> value, raising ValueError when it does not fit; what fits)
 
 
-def _int(lo: int, hi: int | None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < lo or (hi is not None and value > hi):
-            raise ValueError
-        return value
-    parse.expected = f"an integer in [{lo}, {hi if hi is not None else 'inf'}]"
-    return parse
-
-
-def _float(lo: float, hi: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        value = float(text)
-        if not lo <= value <= hi:
-            raise ValueError
-        return value
-    parse.expected = f"a number in [{lo:g}, {hi:g}]"
-    return parse
-
-
-def _choice(options) -> Callable[[str], str]:
+def _choice(options) -> Parser:
     def parse(text: str) -> str:
         if text not in options:
             raise ValueError
         return text
-    parse.expected = f"one of {', '.join(options)}"
-    return parse
+    return parse, f"one of {', '.join(options)}"
 
 
-def _text(text: str) -> str:
-    return text
+_TEXT: Parser = (str, "text")
 
 
-def _bool(text: str) -> bool:
-    if text not in ("true", "false"):
-        raise ValueError
-    return text == "true"
-
-
-_text.expected, _bool.expected = "text", "true or false"
-
-# widget key -> parser of its query-parameter text (raises ValueError when out of range; .expected says what fits)
-FIELDS: dict[str, Callable[[str], object]] = {
-    "prompt_source": _choice((prompt.TEXT, prompt.FIXTURE, prompt.IDS)), "prompt_box": _text, "prompt_text": _text,
-    "drafter": _choice(tuple(REGISTRY)), "noise": _float(0.0, 1.0), "seed": _int(0, None), "drafter_model": _text,
-    "verify_tree": _choice(tuple(TREES)), "budget": _int(0, MAX_BUDGET),
-    "block_size": _int(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE), "max_new_tokens": _int(1, MAX_POSITIONS),
-    "device": _choice(("cpu", "cuda")), "dtype": _choice(DTYPES), "temperature": _float(0.0, MAX_TEMPERATURE),
-    "top_k": _int(0, None), "top_p": _float(0.01, 1.0), "sample_seed": _int(0, None), "batch_invariant": _bool,
-}
+def fields() -> dict[str, Parser]:
+    """Widget key -> the parser of its query-parameter text: the sidebar's own choices, and every setting's
+    (engine.settings.Setting.parse: the config's range and its words)."""
+    return {"prompt_source": _choice((prompt.TEXT, prompt.FIXTURE, prompt.IDS)), "prompt_box": _TEXT,
+            "prompt_text": _TEXT, "drafter": _choice(tuple(REGISTRY)), "verify_tree": _choice(tuple(TREES)),
+            **{opt.key: (opt.parse, opt.expected) for opt in setting_options()}}
 
 
 def _restore_model(name: str) -> str | None:
@@ -100,13 +69,13 @@ def restore() -> None:
         if problem:
             problems.append(problem)
     ss.setdefault("model", next(iter(bundled_models())))
-    for key, parse in FIELDS.items():
+    for key, (parse, expected) in fields().items():
         if key not in params:
             continue
         try:
             ss[key] = parse(params[key])
         except ValueError:
-            problems.append(f"{key}={params[key]!r:.60} (expected {parse.expected})")
+            problems.append(f"{key}={params[key]!r:.60} (expected {expected})")
     # the linked prompt and drafter belong to the linked model: its own defaults must not replace them
     if any(key in params for key in ("prompt_source", "prompt_box", "prompt_text")):
         ss.prompt_for = ss.model
@@ -120,7 +89,7 @@ def restore() -> None:
 def save() -> None:
     """Write the sidebar's current values into the page's query parameters."""
     ss = st.session_state
-    values = {"model": ss.model} | {key: ss[key] for key in FIELDS if key in ss}
+    values = {"model": ss.model} | {key: ss[key] for key in fields() if key in ss}
     text = {key: str(v).lower() if isinstance(v, bool) else str(v) for key, v in values.items()}
     if st.query_params.to_dict() != text:
         st.query_params.from_dict(text)

@@ -7,24 +7,26 @@ from dataclasses import dataclass
 import streamlit as st
 import torch
 
-from engine.config import DTYPES, MAX_BLOCK_SIZE, MAX_BUDGET, MAX_TEMPERATURE, MIN_BLOCK_SIZE, DecodeConfig
+from engine.config import DECODE, SAMPLING, DecodeConfig
 from engine.drafters import REGISTRY, DrafterSpec
+from engine.drafters.dflash import DFlashSettings
 from engine.loaders.checkpoint import Checkpoint
 from engine.loaders.dflash_checkpoint import dflash_dir_beside, read_dflash_dir
 from engine.loaders.dflash_fit import block_size_note, check_fits
 from engine.loaders.shipped import bundled_models
 from engine.records import TREES
+from engine.settings import Option, options_of
 from ui import prompt as prompt_input
-from ui import resources
+from ui import resources, setting_widgets
 
-DEFAULTS = DecodeConfig()
 PROFILE_REPEATS = 5  # the Profile page's default number of measured repeats
 TREE_LABELS = {"tree": "DDTree", "chain": "chain", "both": "chain and DDTree"}
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Everything a decode depends on; any change starts the decode over."""
+    """Everything a decode depends on; any change starts the decode over. The decode fields are DecodeConfig's,
+    by name."""
 
     model: str
     model_id: str  # the checkpoint's identity (resources.identity): a replaced file is another model
@@ -36,16 +38,14 @@ class Settings:
     max_new_tokens: int
     device: str
     dtype: str
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    batch_invariant: bool = False
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    batch_invariant: bool
 
     def decode_config(self) -> DecodeConfig:
-        return DecodeConfig(budget=self.budget, block_size=self.block_size, max_new_tokens=self.max_new_tokens,
-                            device=self.device, dtype=self.dtype, temperature=self.temperature, top_k=self.top_k,
-                            top_p=self.top_p, seed=self.seed, batch_invariant=self.batch_invariant)
+        return DecodeConfig(**{opt.name: getattr(self, opt.name) for opt in options_of(DecodeConfig)})
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -134,10 +134,11 @@ def _model() -> str:
 
 
 def _drafter() -> DrafterSpec | None:
-    """The drafter and the settings its registry entry reads; None (with the error shown) while they are bad. A
-    drafter checkpoint box left empty, or still holding the last directory filled in for another target, is
-    filled with the DFlash directory beside the target (engine.loaders.dflash_checkpoint.dflash_dir_beside), if it has one. A
-    checkpoint is checked as it is typed: the loader's and the fit's errors show here, and decoding waits."""
+    """The drafter and its settings' widgets (from its settings dataclass); None (with the error shown) while they
+    are bad. A drafter checkpoint box left empty, or still holding the last directory filled in for another
+    target, is filled with the DFlash directory beside the target (engine.loaders.dflash_checkpoint.dflash_dir_beside),
+    if it has one. A checkpoint is checked as it is typed: the loader's and the fit's errors show here, and
+    decoding waits."""
     st.header("Drafter")
     ss = st.session_state
     target = checkpoint(ss.model)
@@ -146,26 +147,14 @@ def _drafter() -> DrafterSpec | None:
         ss.drafter = "dflash" if dflash_dir_beside(target.source) is not None else "oracle"
         ss.drafter_model = ""
     name = st.selectbox("Drafter", list(REGISTRY), key="drafter", help=REGISTRY[ss.drafter].summary)
-    fields = REGISTRY[name].fields
-    values = {}
-    if "noise" in fields:
-        values["noise"] = float(st.slider("Noise", 0.0, 1.0, step=0.05, key="noise",
-                                          help="Probability that the oracle demotes or drops the true token at a "
-                                               "depth."))
-    if "seed" in fields:
-        values["seed"] = int(st.number_input("Seed", min_value=0, step=1, key="seed",
-                                             help="Seeds the drafter's distractors."))
-    if "model" in fields:
-        if ss.drafter_model in ("", ss.get("drafter_model_filled")):
-            beside = dflash_dir_beside(target.source)
-            ss.drafter_model = ss.drafter_model_filled = "" if beside is None else str(beside)
-        values["model"] = st.text_input("Drafter checkpoint", key="drafter_model",
-                                        help="A DFlash checkpoint directory on this server (config.json + "
-                                             "safetensors, z-lab's layout); filled in when the target has one "
-                                             "beside it: <target dir>/dflash/ or <target>-dflash/.").strip()
+    settings = REGISTRY[name].settings
+    if settings is DFlashSettings and ss.drafter_model in ("", ss.get("drafter_model_filled")):
+        beside = dflash_dir_beside(target.source)
+        ss.drafter_model = ss.drafter_model_filled = "" if beside is None else str(beside)
+    values = {opt.name: setting_widgets.draw(opt) for opt in options_of(settings)}
     try:
         spec = DrafterSpec(name, **values)
-        if spec.model is not None:
+        if isinstance(spec.options, DFlashSettings):
             drafter = read_dflash_dir(spec.model)
             check_fits(drafter.config, target.config, drafter.source)
             note = block_size_note(drafter.config, ss.block_size)
@@ -183,22 +172,38 @@ def max_new_tokens_range(ckpt: Checkpoint, prompt_len: int, block_size: int) -> 
     return 1, ckpt.config.max_position_embeddings - prompt_len - block_size
 
 
+def _decode(ckpt: Checkpoint, prompt_len: int) -> tuple[dict, bool]:
+    """The Decode section's DecodeConfig fields (max new tokens bounded by the model's context, the devices this
+    machine has); whether max new tokens fits after the prompt."""
+    values = {}
+    positions = ckpt.config.max_position_embeddings
+    for opt in (o for o in options_of(DecodeConfig) if o.setting.section == DECODE):
+        if opt.name == "max_new_tokens":  # drawn after the block size, which its room depends on
+            lo, hi = max_new_tokens_range(ckpt, prompt_len, values["block_size"])
+            values[opt.name] = setting_widgets.draw(
+                opt, hi=positions, extra=f"{lo} to {hi} here: the model's context of {positions} positions holds "
+                                         "the prompt, the generated tokens and one block.")
+        else:
+            values[opt.name] = setting_widgets.draw(opt, choices=devices() if opt.name == "device" else None)
+    max_new_tokens, block_size = values["max_new_tokens"], values["block_size"]
+    fits = lo <= max_new_tokens <= hi
+    if not fits:
+        st.error(f"Max new tokens: {max_new_tokens} is out of range: expected {lo} to {hi} (the context of "
+                 f"{positions} positions minus the prompt's {prompt_len} tokens and block size {block_size})"
+                 if hi >= lo else
+                 f"Max new tokens: the prompt's {prompt_len} tokens and block size {block_size} leave no room in "
+                 f"the model's context of {positions} positions: shorten the prompt")
+    return values, fits
+
+
 def _sampling() -> dict:
+    """The Sampling section's fields; those that only matter when sampling are disabled at temperature 0."""
     st.header("Sampling")
-    temperature = st.number_input("Temperature", 0.0, MAX_TEMPERATURE, step=0.1, key="temperature",
-                                  help="0 is greedy: every mode must emit exactly the AR tokens. Above 0 the target "
-                                       "samples, keyed by the seed and the position, so AR and DDTree still agree.")
-    sampled = temperature > 0
-    top_k = st.number_input("Top-k", 0, None, step=1, key="top_k", disabled=not sampled,
-                            help="Sample among the k most likely tokens; 0 keeps them all.")
-    top_p = st.number_input("Top-p", 0.01, 1.0, step=0.05, key="top_p", disabled=not sampled,
-                            help="Sample within the smallest set of tokens holding this much probability.")
-    seed = st.number_input("Sampling seed", 0, None, step=1, key="sample_seed", disabled=not sampled)
-    batch_invariant = st.toggle("Batch-invariant", key="batch_invariant",
-                                help="Compute every verify row as AR computes it (slower): DDTree's tokens then "
-                                     "equal AR's bit for bit, with no numerics near ties.")
-    return {"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "seed": int(seed),
-            "batch_invariant": bool(batch_invariant)}
+    values = {}
+    for opt in (o for o in options_of(DecodeConfig) if o.setting.section == SAMPLING):
+        greedy = values.get("temperature", st.session_state.temperature) == 0
+        values[opt.name] = setting_widgets.draw(opt, disabled=opt.setting.sampling_only and greedy)
+    return values
 
 
 def sidebar() -> tuple[Settings | None, list[str]]:
@@ -213,51 +218,30 @@ def sidebar() -> tuple[Settings | None, list[str]]:
         tree = st.radio("Verify", list(TREES), key="verify_tree", horizontal=True, format_func=TREE_LABELS.get,
                         help="The best-first tree (DDTree), the drafter's top-1 chain (DFlash's own verification), "
                              "or both beside AR on the Profile, Compare and Report pages.")
-        budget = st.number_input("Budget B (tree nodes)", 0, MAX_BUDGET, step=1, key="budget",
-                                 help="Drafted nodes per step, root excluded; 0 is plain AR.")
-        block_size = st.number_input("Block size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, step=1, key="block_size",
-                                     help="The drafter proposes block_size - 1 positions per step.")
-        lo, hi = max_new_tokens_range(ckpt, len(prompt or ()), int(block_size))
-        max_new_tokens = st.number_input("Max new tokens", 1, ckpt.config.max_position_embeddings, step=1,
-                                         key="max_new_tokens",
-                                         help=f"{lo} to {hi} here: the model's context of "
-                                              f"{ckpt.config.max_position_embeddings} positions holds the prompt, "
-                                              "the generated tokens and one block.")
-        fits = lo <= max_new_tokens <= hi
-        if not fits:
-            st.error(f"Max new tokens: {max_new_tokens} is out of range: expected {lo} to {hi} (the context of "
-                     f"{ckpt.config.max_position_embeddings} positions minus the prompt's {len(prompt or ())} tokens "
-                     f"and block size {block_size})" if hi >= lo else
-                     f"Max new tokens: the prompt's {len(prompt or ())} tokens and block size {block_size} leave "
-                     f"no room in the model's context of {ckpt.config.max_position_embeddings} positions: "
-                     "shorten the prompt")
-        device = st.selectbox("Device", devices(), key="device", help="cuda is offered when torch sees a GPU.")
-        dtype = st.selectbox("Dtype", list(DTYPES), key="dtype")
+        decode, fits = _decode(ckpt, len(prompt or ()))
         sampling = _sampling()
     invalid = [name for name, bad in (("prompt", prompt is None), ("drafter", drafter is None),
                                       ("max new tokens", prompt is not None and not fits)) if bad]
     if invalid:
         return None, invalid
-    return Settings(model=model, model_id=model_id(model), prompt=prompt, drafter=drafter, tree=tree,
-                    budget=int(budget), block_size=int(block_size), max_new_tokens=int(max_new_tokens),
-                    device=device, dtype=dtype, **sampling), []
+    return Settings(model=model, model_id=model_id(model), prompt=prompt, drafter=drafter, tree=tree, **decode,
+                    **sampling), []
 
 
 def init_widgets() -> None:
-    """Widget defaults, set once per tab so that every page shows the same values."""
+    """Widget defaults, set once per tab so that every page shows the same values: each setting's default (a text
+    box that is not given, empty)."""
     ss = st.session_state
     ss.setdefault("drafter", "oracle")
     ss.setdefault("verify_tree", "tree")
-    ss.setdefault("drafter_model", "")
-    ss.setdefault("noise", 0.0)
-    ss.setdefault("seed", 0)
-    ss.setdefault("budget", DEFAULTS.budget)
-    ss.setdefault("block_size", DEFAULTS.block_size)
-    ss.setdefault("max_new_tokens", DEFAULTS.max_new_tokens)
     ss.setdefault("prompt_text", "")
-    ss.setdefault("temperature", DEFAULTS.temperature)
-    ss.setdefault("top_k", DEFAULTS.top_k)
-    ss.setdefault("top_p", DEFAULTS.top_p)
-    ss.setdefault("sample_seed", DEFAULTS.seed)
-    ss.setdefault("batch_invariant", DEFAULTS.batch_invariant)
+    for opt in setting_options():
+        ss.setdefault(opt.key, "" if opt.default is None else opt.default)
     ss.setdefault("profile_repeats", PROFILE_REPEATS)
+
+
+def setting_options() -> list[Option]:
+    """Every option the sidebar draws under its own key: each drafter's settings (a key two drafters share once),
+    then DecodeConfig's."""
+    options = {opt.key: opt for entry in REGISTRY.values() for opt in options_of(entry.settings)}
+    return [*options.values(), *options_of(DecodeConfig)]

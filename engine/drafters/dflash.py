@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,15 +19,29 @@ from engine.loaders.dflash_checkpoint import load_tensors, read_dflash_dir
 from engine.loaders.dflash_config import DFlashConfig
 from engine.loaders.dflash_fit import block_size_note, check_fits, depth_note
 from engine.model.dflash import DFlashModel, DFlashWeights
+from engine.settings import ConfigError, Setting, check_fields, option, options_of
 
 if TYPE_CHECKING:
     from engine.config import DecodeConfig
-    from engine.drafters.registry import DrafterSpec
     from engine.model.target import TargetModel
 
 SUMMARY = ("z-lab's learned DFlash block drafter (a DFlashDraftModel checkpoint directory, --drafter-model DIR): "
            "reads the target's hidden states at its target_layer_ids and drafts the next L positions in one "
            "forward of [root, MASK x L].")
+
+
+@dataclass(frozen=True, slots=True)
+class DFlashSettings:
+    model: str | None = option(None, Setting(
+        "a DFlash checkpoint directory (config.json + safetensors, z-lab's layout); by default the target's own, "
+        "<target dir>/dflash/ or <target>-dflash/, when it has one", "Drafter checkpoint", "--drafter-model",
+        "text", metavar="DIR", key="drafter_model"))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not self.model:
+            setting = options_of(DFlashSettings)[0].setting
+            raise ConfigError(f"drafter 'dflash' needs a checkpoint directory ({setting.flag} {setting.metavar})")
 
 
 @functools.lru_cache(maxsize=2)
@@ -79,10 +94,10 @@ def drafter_for(cfg: DFlashConfig, source: str, identity: tuple, model: TargetMo
     return DFlashDrafter(cfg, weights, model, decode.num_draft_positions, capacity, source)
 
 
-def build(spec: DrafterSpec, target: DraftTarget) -> DFlashDrafter:
-    """Load (once) the checkpoint spec.model names, refuse it where it cannot run on target.model (the loader's
+def build(settings: DFlashSettings, target: DraftTarget) -> DFlashDrafter:
+    """Load (once) the checkpoint settings.model names, refuse it where it cannot run on target.model (the loader's
     and check_fits' DFlashLoadError), warn where it runs but is expected to accept less."""
-    ckpt = read_dflash_dir(spec.model)
+    ckpt = read_dflash_dir(settings.model)
     check_fits(ckpt.config, target.model.cfg, ckpt.source)
     notes = (block_size_note(ckpt.config, target.cfg.block_size),
              depth_note(ckpt.config, target.model.cfg.num_hidden_layers))

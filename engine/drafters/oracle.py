@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from engine.drafters.base import DraftTarget
-
-if TYPE_CHECKING:
-    from engine.drafters.registry import DrafterSpec
+from engine.settings import Setting, check_fields, option
 
 SUMMARY = ("Knows the target's continuation (the fixture's golden tokens, else an AR run of the prompt) and ranks "
            "it first at every depth, with seeded distractors below; noise demotes or drops it.")
@@ -18,6 +16,18 @@ NUM_CANDIDATES = 8  # tokens the oracle ranks explicitly: the truth plus seeded 
 RANK_GAP = 1.0  # logit step between consecutive distractor ranks
 TRUTH_MARGIN = 3.0  # logit lead of the undemoted true token over the best distractor
 FLOOR = -12.0  # logit of every token outside the ranked candidates
+
+
+@dataclass(frozen=True, slots=True)
+class OracleSettings:
+    noise: float = option(0.0, Setting(
+        "chance, per drafted position, that the oracle demotes the true token (to a lower rank, or out of its "
+        "candidates)", "Noise", "--noise", "slider", lo=0.0, hi=1.0, step=0.05))
+    seed: int = option(0, Setting("seeds the oracle's distractors and demotions", "Seed", "--drafter-seed", lo=0,
+                                  step=1))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 class OracleDrafter:
@@ -31,14 +41,13 @@ class OracleDrafter:
 
     def __init__(self, continuation: Sequence[int], vocab_size: int, num_draft_positions: int, noise: float = 0.0,
                  seed: int = 0, num_positions: int | None = None, device: torch.device | str = "cpu") -> None:
-        if not 0.0 <= noise <= 1.0:
-            raise ValueError(f"noise={noise!r} is out of range: expected a probability in [0, 1]")
+        settings = OracleSettings(noise, seed)  # the one range check of noise and seed
         if vocab_size < 2:
             raise ValueError(f"vocab_size={vocab_size} is too small for a drafter: need at least 2 tokens")
         truth = np.asarray(continuation, dtype=np.int64)
         if truth.size and (truth.min() < 0 or truth.max() >= vocab_size):
             raise ValueError(f"continuation has token ids outside [0, {vocab_size})")
-        self.noise, self.seed, self.vocab_size = noise, seed, vocab_size
+        self.noise, self.seed, self.vocab_size = settings.noise, settings.seed, vocab_size
         self.num_known = int(truth.size)
         rows = (num_positions or truth.size) + 1
         self.demoted = np.zeros(rows, dtype=bool)
@@ -86,9 +95,9 @@ class OracleDrafter:
         return {"name": self.name, "noise": self.noise, "seed": self.seed, "known_tokens": self.num_known}
 
 
-def build(spec: DrafterSpec, target: DraftTarget) -> OracleDrafter:
+def build(settings: OracleSettings, target: DraftTarget) -> OracleDrafter:
     """The oracle knows every position a decode of target.cfg can draft at: max_new_tokens + block_size."""
     cfg, model = target.cfg, target.model
     num_positions = cfg.max_new_tokens + cfg.block_size
     return OracleDrafter(target.continuation(num_positions), model.cfg.vocab_size, cfg.num_draft_positions,
-                         noise=spec.noise, seed=spec.seed, num_positions=num_positions, device=model.device)
+                         noise=settings.noise, seed=settings.seed, num_positions=num_positions, device=model.device)

@@ -1,68 +1,78 @@
-"""The drafter registry: one entry per drafter, and the one typed spec that the CLI, the dashboard, the sweep,
-the profiler and the reports pass around (DrafterSpec). A new drafter is a module and an entry here."""
+"""The drafter registry: one entry per drafter (its summary, its settings dataclass, its build function), and the
+one typed spec that the CLI, the dashboard, the sweep, the profiler and the reports pass around (DrafterSpec).
+A new drafter is one module (its settings dataclass with field metadata, and a build function) and one line in
+REGISTRY: the CLI's flags and the sidebar's controls are generated from the settings."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from engine.config import ConfigError
 from engine.drafters import dflash, oracle
 from engine.drafters.base import Drafter, DraftTarget
-
-
-@dataclass(frozen=True, slots=True)
-class DrafterSpec:
-    """Which drafter and its settings. Each drafter reads only its entry's fields; the others keep their
-    defaults (a spec that sets a field its drafter ignores is refused, so nothing is silently dropped)."""
-
-    name: str = "oracle"
-    noise: float = 0.0  # oracle: chance per drafted position that the true token is demoted or dropped
-    seed: int = 0  # oracle: seeds the distractors and the demotions
-    model: str | None = None  # dflash: the checkpoint directory
-
-    def __post_init__(self) -> None:
-        entry = REGISTRY.get(self.name)
-        if entry is None:
-            raise ConfigError(f"drafter={self.name!r} is unknown: expected one of {sorted(REGISTRY)}")
-        stray = [f.name for f in dataclasses.fields(self)
-                 if f.name not in ("name", *entry.fields) and getattr(self, f.name) != f.default]
-        if stray:
-            raise ConfigError(f"drafter {self.name!r} does not take {', '.join(stray)}; it takes "
-                              f"{', '.join(entry.fields) or 'no settings'}")
-        ok_noise = isinstance(self.noise, (int, float)) and not isinstance(self.noise, bool) and \
-            math.isfinite(self.noise) and 0.0 <= self.noise <= 1.0
-        if not ok_noise:
-            raise ConfigError(f"noise={self.noise!r} is out of range: expected a probability in [0, 1]")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError(f"drafter seed={self.seed!r} is out of range: expected an integer >= 0")
-        if "model" in entry.fields and not (isinstance(self.model, str) and self.model):
-            raise ConfigError(f"drafter {self.name!r} needs a checkpoint directory (--drafter-model DIR)")
-
-    def settings(self) -> dict:
-        """The fields this drafter reads, with their values."""
-        return {name: getattr(self, name) for name in REGISTRY[self.name].fields}
-
-    def label(self) -> str:
-        """A short human label: "oracle (noise 0.3, seed 1)", "dflash (models/x/dflash)"."""
-        parts = ", ".join(f"{k} {v}" if k != "model" else str(v) for k, v in self.settings().items())
-        return f"{self.name} ({parts})" if parts else self.name
+from engine.settings import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
 class DrafterEntry:
     summary: str  # one sentence: what it proposes (CLI and sidebar help)
-    fields: tuple[str, ...]  # the DrafterSpec fields it reads
-    build: Callable[[DrafterSpec, DraftTarget], Drafter]
+    settings: type  # a frozen dataclass whose fields carry engine.settings.Setting metadata
+    build: Callable[[Any, DraftTarget], Drafter]  # (its settings, the target) -> a fresh drafter
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The names of the drafter's settings, in order."""
+        return tuple(f.name for f in dataclasses.fields(self.settings))
 
 
 REGISTRY: dict[str, DrafterEntry] = {
-    "oracle": DrafterEntry(oracle.SUMMARY, ("noise", "seed"), oracle.build),
-    "dflash": DrafterEntry(dflash.SUMMARY, ("model",), dflash.build),
+    "oracle": DrafterEntry(oracle.SUMMARY, oracle.OracleSettings, oracle.build),
+    "dflash": DrafterEntry(dflash.SUMMARY, dflash.DFlashSettings, dflash.build),
 }
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class DrafterSpec:
+    """Which drafter, and its settings (an instance of its entry's settings dataclass, checked there).
+    DrafterSpec("oracle", noise=0.3) builds the settings from keywords; a keyword the drafter does not take is
+    refused, so nothing is silently dropped. A drafter's own setting reads through the spec: spec.noise."""
+
+    name: str
+    options: Any  # REGISTRY[name].settings
+
+    def __init__(self, name: str = "oracle", options: Any = None, **fields: Any) -> None:
+        entry = REGISTRY.get(name)
+        if entry is None:
+            raise ConfigError(f"drafter={name!r} is unknown: expected one of {sorted(REGISTRY)}")
+        if options is None:
+            stray = [k for k in fields if k not in entry.fields]
+            if stray:
+                raise ConfigError(f"drafter {name!r} does not take {', '.join(stray)}; it takes "
+                                  f"{', '.join(entry.fields) or 'no settings'}")
+            options = entry.settings(**fields)
+        elif fields or type(options) is not entry.settings:
+            raise ConfigError(f"drafter {name!r} takes one {entry.settings.__name__}, got {options!r:.200} and "
+                              f"{sorted(fields)}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "options", options)
+
+    def __getattr__(self, field: str) -> Any:
+        if field.startswith("_") or field in ("name", "options"):  # not set yet (a copy or an unpickle)
+            raise AttributeError(field)
+        return getattr(self.options, field)
+
+    def settings(self) -> dict:
+        """The drafter's settings by name, with their values (report.json's config.drafter, with the name)."""
+        return dataclasses.asdict(self.options)
+
+    def label(self) -> str:
+        """A short human label: "oracle (noise 0.3, seed 1)", "dflash (models/x/dflash)" (a text setting, a path,
+        is shown alone)."""
+        parts = ", ".join(v if isinstance(v, str) else f"{k} {v}" for k, v in self.settings().items())
+        return f"{self.name} ({parts})" if parts else self.name
 
 
 def build_drafter(spec: DrafterSpec, target: DraftTarget) -> Drafter:
     """A fresh drafter for one decode."""
-    return REGISTRY[spec.name].build(spec, target)
+    return REGISTRY[spec.name].build(spec.options, target)
