@@ -3,12 +3,14 @@ definition of the model and prompt choice, the drafter, the decode settings and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pathlib
 
 import torch
 
 from engine.config import ConfigError, DecodeConfig
+from engine.decoding.budget import DEFAULT_MAX
 from engine.decoding.decoder import validate_prompt
 from engine.decoding.session import parse_prompt
 from engine.drafters import REGISTRY, DrafterSpec
@@ -70,9 +72,31 @@ def _add_option(p: argparse.ArgumentParser, opt: Option, default: object, prefix
     flags = (s.flag, *s.aliases)
     if opt.kind is bool:
         p.add_argument(*flags, dest=s.dest, action="store_true", default=default, help=help_text)
+    elif opt.name == "budget":
+        p.add_argument(*flags, dest=s.dest, type=budget_arg, default=default, metavar=s.metavar, help=help_text)
     else:
         p.add_argument(*flags, dest=s.dest, type=opt.kind, default=default, choices=s.choices or None,
                        metavar=s.metavar, help=help_text)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AutoBudget:
+    """--budget auto[:MAX]: the budget chosen every step, up to maximum."""
+
+    maximum: int
+
+
+def budget_arg(text: str) -> int | AutoBudget:
+    """--budget's value: B, `auto` (up to DEFAULT_MAX) or `auto:MAX`."""
+    head, _, tail = text.partition(":")
+    if head == "auto":
+        if tail and not tail.isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r}: expected auto or auto:MAX with MAX a whole number")
+        return AutoBudget(int(tail) if tail else DEFAULT_MAX)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, auto or auto:MAX") from None
 
 
 def add_tree_arg(p: argparse.ArgumentParser) -> None:
@@ -111,6 +135,10 @@ def decode_config(args: argparse.Namespace, ckpt: Checkpoint, prompt: list[int])
         if opt.name == "max_new_tokens" and value is None:
             own = ckpt.golden_tokens is not None and ckpt.prompt is not None and prompt == ckpt.prompt.tolist()
             value = len(ckpt.golden_tokens) if own else opt.default
+        if isinstance(value, AutoBudget):  # --budget auto[:MAX]
+            values["auto_budget"], value = True, value.maximum
+        elif opt.name == "auto_budget" and values.get("auto_budget"):
+            continue
         values[opt.name] = _checked(opt, value)
     if values["device"] == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda: torch sees no CUDA GPU here; use --device cpu")

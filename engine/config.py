@@ -243,8 +243,13 @@ class DecodeConfig:
     Setting is its one description: the range checked here and the CLI flag, sidebar widget and URL parameter."""
 
     budget: int = option(64, Setting(
-        "drafted nodes per step (the tree budget B), root excluded; 0 is plain AR", "Budget B (tree nodes)",
-        "--budget", lo=0, hi=MAX_BUDGET, step=1, section=DECODE))
+        "drafted nodes per step (the tree budget B), root excluded; 0 is plain AR; `auto` or `auto:MAX` chooses it "
+        "every step (up to MAX, default 256)", "Budget B (tree nodes)", "--budget", lo=0, hi=MAX_BUDGET, step=1,
+        section=DECODE, metavar="B|auto[:MAX]"))
+    auto_budget: bool = option(False, Setting(
+        "choose the budget every step, up to B: the truncation of the tree built at B with the most expected tokens "
+        "per second of measured step time, b = 0 included; lossless (engine/decoding/budget.py)", "Auto budget (up "
+        "to B)", "--auto-budget", "toggle", section=DECODE))
     block_size: int = option(8, Setting(
         "L + 1: the drafter proposes block_size - 1 positions per step", "Block size", "--block-size",
         lo=MIN_BLOCK_SIZE, hi=MAX_BLOCK_SIZE, step=1, section=DECODE))
@@ -279,6 +284,13 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.auto_budget and self.budget < 1:
+            raise ConfigError("auto_budget=True needs a budget of at least 1 (the largest tree it may choose)")
+
+    @property
+    def budget_label(self) -> str:
+        """B as a person reads it: "64", or "auto:256" when it is chosen every step up to 256."""
+        return f"auto:{self.budget}" if self.auto_budget else str(self.budget)
 
     @property
     def num_draft_positions(self) -> int:

@@ -2,15 +2,19 @@
 whatever it chooses: greedy, sampled under a seed, and bit for bit in the batch-invariant mode)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_FIXTURE
 from greedy import assert_greedy_equal, assert_sampled_equal
 from test_decode import check_step_invariants
 
+from cli import options as opts
+from cli.__main__ import main
 from engine.config import DecodeConfig
 from engine.decoding.auto_budget import AutoBudgetDecoder, truncate
 from engine.decoding.budget import (
@@ -272,3 +276,25 @@ def test_auto_with_cuda_graphs_emits_ar_tokens(tiny_checkpoint, dtype, noise):
     assert run.tokens == ar.tokens
     assert decoder.graph_captured and "draft" in decoder._graphs
     assert any(isinstance(k, tuple) for k in decoder._graphs), "a verify graph per chosen bucket"
+
+
+@pytest.mark.parametrize(("flag", "budget", "auto"), [("64", 64, False), ("auto", 256, True), ("auto:32", 32, True)])
+def test_the_budget_flag_takes_a_number_or_auto(tiny_checkpoint, flag, budget, auto):
+    parser = argparse.ArgumentParser()
+    opts.add_decode_args(parser)
+    args = parser.parse_args(["--budget", flag])
+    cfg = opts.decode_config(args, tiny_checkpoint, tiny_checkpoint.prompt.tolist())
+    assert (cfg.budget, cfg.auto_budget) == (budget, auto)
+    assert cfg.budget_label == (f"auto:{budget}" if auto else str(budget))
+
+
+@pytest.mark.parametrize(("flag", "message"), [("auto:x", "expected auto or auto:MAX"), ("many", "a whole number"),
+                                               ("auto:0", "needs a budget of at least 1"),
+                                               ("auto:2000", "budget=2000 is out of range")])
+def test_a_bad_budget_flag_is_a_clear_error(flag, message, capsys):
+    try:
+        code = main(["run", "--model", str(TINY_FIXTURE), "--budget", flag, "--max-new", "2"])
+    except SystemExit as exc:  # argparse refuses the flag's text itself
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
