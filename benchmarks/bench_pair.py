@@ -91,7 +91,9 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
             taus.append(tau(run))
             positions.append(per_position_acceptance(run))
         texts.append(with_text(run, ckpt).text)
-    return {"mode": MODE_LABELS[mode], "budget": cfg.budget if mode == "ddtree" else None,
+    chosen = [s.budget.chosen for run in runs for s in run.steps if s.budget is not None]
+    return {"mode": MODE_LABELS[mode], "budget": cfg.budget_label if mode == "ddtree" else None,
+            "chosen": " ".join(f"{b}:{chosen.count(b)}" for b in sorted(set(chosen))) if chosen else None,
             "tau": float(np.mean(taus)) if taus else 1.0,
             "per_position_acceptance": np.mean(positions, axis=0).tolist() if positions else [],
             "tokens_per_s": totals[1] / (totals[0] / 1e3),
@@ -129,20 +131,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = DrafterSpec("dflash", model=str(drafter_dir))
     training = json.loads((args.model / "training.json").read_text())
 
-    def cfg(budget: int = 0) -> DecodeConfig:
+    def cfg(budget: int = 0, auto: bool = False) -> DecodeConfig:
         return DecodeConfig(budget=budget, block_size=block, max_new_tokens=new_tokens, device=device.type,
-                            dtype=dtype, batch_invariant=args.batch_invariant)
+                            dtype=dtype, batch_invariant=args.batch_invariant, auto_budget=auto)
 
     make_decoder(ckpt, prompts[0], cfg(budgets[-1]), "ddtree", spec, model=model).run()  # warm-up
     ar = measure(ckpt, model, prompts, cfg(), "ar", spec, None)
     rows = [ar, measure(ckpt, model, prompts, cfg(), "chain", spec, ar["runs"])]
     rows += [measure(ckpt, model, prompts, cfg(b), "ddtree", spec, ar["runs"]) for b in budgets]
+    rows.append(measure(ckpt, model, prompts, cfg(budgets[-1], auto=True), "ddtree", spec, ar["runs"]))
     for row in rows:
         row["speedup"] = ratio(row["tokens_per_s"], ar["tokens_per_s"])
         row["accept_by_depth"] = " ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
     chain_tau = rows[1]["tau"]
     for row in rows[2:]:
         row["tau_over_chain"] = ratio(row["tau"], chain_tau)
+    auto, fixed = rows[-1], rows[2:-1]
+    best = max(fixed, key=lambda r: r["tokens_per_s"])
+    verdict = (f"auto ({auto['budget']}): {ratio(auto['tokens_per_s'], best['tokens_per_s']):.3f}x the best fixed "
+               f"budget's tokens/s (B = {best['budget']}), {ratio(auto['tokens_per_s'], rows[1]['tokens_per_s']):.3f}x "
+               f"the chain's; budgets chosen (B:steps) {auto['chosen']}")
     distinct = distinct_ngram_rate(torch.tensor([run.tokens for run in ar["runs"]]), 4)
     setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "
              f"{training['final_val_loss']:.3f} nats/token at training) + {drafter_dir.name} (block {block}); "
@@ -152,12 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     columns = [Column("mode", "mode"), Column("budget", "B", "{}"), Column("tau", "tau", "{:.2f}"),
                Column("tau_over_chain", "tau / chain", "{:.2f}"), Column("tokens_per_s", "tokens/s", "{:.1f}"),
                Column("speedup", "speedup", "{:.2f}"), Column("exact", "== AR"),
-               Column("accept_by_depth", "acceptance by depth")]
-    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\nexample (AR): {ar['example']!r}\n")
-    results = {"setup": setup, "distinct_4gram_rate": distinct, "val_loss": training["final_val_loss"],
+               Column("accept_by_depth", "acceptance by depth"), Column("chosen", "auto: budgets chosen (B:steps)")]
+    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{verdict}\n\nexample (AR): {ar['example']!r}\n")
+    results = {"setup": setup, "distinct_4gram_rate": distinct, "val_loss": training["final_val_loss"], "auto": verdict,
                "rows": [{k: v for k, v in r.items() if k != "runs"} for r in rows]}
     json_path, md_path = write_results(args.out, f"pair-{device.type}", info, results,
-                                       {"setup": setup, "the pair": markdown_table(rows, columns)})
+                                       {"setup": setup, "the pair": markdown_table(rows, columns), "auto budget": verdict})
     failed = [r["mode"] for r in rows if r["real_divergences"]]
     print(f"wrote {json_path} and {md_path}" + (f"; real divergences from AR: {failed}" if failed else ""))
     return 1 if failed else 0

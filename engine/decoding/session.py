@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from engine.config import DecodeConfig
+from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, DecodeError, Decoder, check_room, validate_prompt
 from engine.drafters import DrafterSpec, DraftTarget, build_drafter
 from engine.loaders.checkpoint import Checkpoint
@@ -76,7 +77,10 @@ def make_decoder(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mod
     prompt = validate_prompt(prompt, model.cfg.vocab_size)
     check_room(len(prompt), cfg, model, 1)  # the prompt's own error before any drafter work
     target = DraftTarget(model, prompt, cfg, continuation_of(ckpt, prompt, cfg, model, continuation))
-    return Decoder(model, prompt, cfg, mode, build_drafter(drafter, target), timer, cuda_graph)
+    built = build_drafter(drafter, target)
+    if mode == "ddtree" and cfg.auto_budget:  # the budget chosen every step (engine/decoding/budget.py)
+        return AutoBudgetDecoder(model, prompt, cfg, built, timer, cuda_graph)
+    return Decoder(model, prompt, cfg, mode, built, timer, cuda_graph)
 
 
 def decode(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, mode: str, drafter: DrafterSpec = ORACLE,
