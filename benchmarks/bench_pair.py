@@ -164,8 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{verdict}\n\nexample (AR): {ar['example']!r}\n")
     results = {"setup": setup, "distinct_4gram_rate": distinct, "val_loss": training["final_val_loss"], "auto": verdict,
                "rows": [{k: v for k, v in r.items() if k != "runs"} for r in rows]}
-    json_path, md_path = write_results(args.out, f"pair-{device.type}", info, results,
-                                       {"setup": setup, "the pair": markdown_table(rows, columns), "auto budget": verdict})
+    tables = {"setup": setup, "the pair": markdown_table(rows, columns), "auto budget": verdict}
+    json_path, md_path = write_results(args.out, f"pair-{device.type}", info, results, tables)
     failed = [r["mode"] for r in rows if r["real_divergences"]]
     print(f"wrote {json_path} and {md_path}" + (f"; real divergences from AR: {failed}" if failed else ""))
     return 1 if failed else 0
