@@ -33,6 +33,7 @@ from benchmarks.common import (
     write_results,
 )
 from engine.config import DecodeConfig
+from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.session import make_decoder, with_text
 from engine.drafters import DrafterSpec
 from engine.loaders.dflash_checkpoint import dflash_dir_beside
@@ -47,9 +48,11 @@ from profiling.metrics import first_divergence, per_position_acceptance, tau
 BUDGETS = (16, 64, 256)
 
 
-def timed_decode(dec, num_steps: int) -> tuple[float, list[int]]:
-    """ms for the decoder's first num_steps steps through its device path, and the tokens it committed."""
+def timed_decode(dec, num_steps: int, max_new_tokens: int) -> tuple[float, list[int]]:
+    """ms for the decoder's first num_steps steps through its device path (an auto-budget decoder: until it has
+    max_new_tokens, since its choices, and so its step count, follow the measured costs), and its tokens."""
     cuda = dec.model.device.type == "cuda"
+    auto = isinstance(dec, AutoBudgetDecoder)
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -59,8 +62,10 @@ def timed_decode(dec, num_steps: int) -> tuple[float, list[int]]:
         captured = time.perf_counter()
         dec.capture_graph()  # records the step without running it: its time is left out
         start += time.perf_counter() - captured
-    for _ in range(num_steps - 1):
+    steps = 1
+    while (int(dec.num_generated) < max_new_tokens) if auto else steps < num_steps:
         dec.advance()
+        steps += 1
     if cuda:
         torch.cuda.synchronize()
     ms = (time.perf_counter() - start) * 1e3
@@ -78,7 +83,8 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
         dec = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[])
         run = dec.run()
         ms, tokens = timed_decode(make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[],
-                                               cuda_graph=cfg.device == "cuda"), run.num_steps)
+                                               cuda_graph=cfg.device == "cuda"), run.num_steps,
+                                  cfg.max_new_tokens)
         tokens = tokens[: cfg.max_new_tokens]
         divergence = first_divergence(ar_runs[i], run) if ar_runs else None
         matches += divergence is None

@@ -7,11 +7,14 @@ truncation (the first b + 1 nodes of the tree and the top-left block of its mask
 a captured graph: one for the draft and one per bucket for the verify, all over the same static buffers. When the
 best choice is b = 0 the drafts are not paying, so the next steps are AR steps taken without a draft (the drafter
 still takes in each committed token), for 1, 2, 4, ... steps while drafting keeps choosing 0; a drafted step that
-chooses b > 0 ends the back-off. Every step verifies a valid tree, so the output is AR's whatever is chosen.
+chooses b > 0 ends the back-off (that drafted step itself verifies the smallest tree, so the calibration keeps
+learning). The calibration and the start-up costs carry over from one decode to the next on the same model and
+drafter. Every step verifies a valid tree, so the output is AR's whatever is chosen.
 """
 from __future__ import annotations
 
 import functools
+import json
 import time
 import weakref
 from collections.abc import Sequence
@@ -39,8 +42,10 @@ from kernels import ops
 
 MAX_BACKOFF = 64  # AR steps at most between two drafted probes
 CALIBRATION_REPEATS = 3  # timed rounds over the buckets at start-up (after one untimed), the best of each kept
-# Start-up step costs per model and decode setting, measured once per process (weak: they go with the model).
+# Start-up step costs per model and decode setting, measured once per process, and the drafter's calibration per
+# model and drafter, carried from one decode to the next (weak: they go with the model).
 _COSTS: weakref.WeakKeyDictionary[TargetModel, dict[tuple, list[float]]] = weakref.WeakKeyDictionary()
+_CONFIDENCE: weakref.WeakKeyDictionary[TargetModel, dict[tuple, tuple]] = weakref.WeakKeyDictionary()
 
 
 def truncate(tree: Sequence[torch.Tensor], budget: int) -> tuple[torch.Tensor, ...]:
@@ -60,7 +65,9 @@ class AutoBudgetDecoder(Decoder):
         dev = model.device
         self.buckets = buckets_up_to(cfg.budget)
         self._bucket_index = torch.tensor(self.buckets, device=dev)
-        self._realised, self._predicted = confidence_prior(self.depth, dev)  # the drafter's calibration, on device
+        drafter_key = (json.dumps(drafter.describe(), sort_keys=True, default=str), self.depth)
+        self._realised, self._predicted = _CONFIDENCE.setdefault(model, {}).setdefault(
+            drafter_key, confidence_prior(self.depth, dev))  # the drafter's calibration, on the device
         quiet, self.timer = self.timer, StepTimer(dev, enabled=False)  # no stage ranges in the calibration
         self.costs = CostTable(self.buckets, list(self._startup_costs()))
         self.timer = quiet
