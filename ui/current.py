@@ -28,7 +28,8 @@ def target_model(s: Settings) -> TargetModel:
 
 @dataclass(slots=True)
 class Current:
-    """What a tab made of its decode; dropped whole when the settings change."""
+    """What a tab made of its decode; dropped whole when the settings change. Each kind answers tokenizer(),
+    start() (a prefilled stepper), reset(), stale(count) and needs_model()."""
 
     settings: Settings
     decoder: object | None = None  # the Decode page's stepper: a Decoder, or a recording's Replay
@@ -52,9 +53,9 @@ class Live(Current):
 
     def start(self):
         """A decoder of the stepped mode, prefilled."""
-        s, request = self.settings, request_of(self.settings)
+        request = request_of(self.settings)
         return make_decoder(request.checkpoint, request.prompt, request.config, request.primary, request.drafter,
-                            timer=StepTimer(s.device), model=target_model(s))
+                            timer=StepTimer(request.config.device), model=target_model(self.settings))
 
     def stale(self, count: int | None) -> bool:
         """Whether a measurement of `count` repeats (None: of any count) must be taken first."""
