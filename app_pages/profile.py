@@ -5,16 +5,15 @@ from engine.records import MODE_LABELS
 from profiling.charts import acceptance_figure, position_figure
 from profiling.expert_chart import expert_figure, expert_rows
 from profiling.metrics import kernel_table
-from profiling.repeats import LARGE_SPREAD, relative_spread, repeat_stats
+from profiling.repeats import LARGE_SPREAD, relative_spread
 from profiling.sweep import DEFAULT_BUDGETS, parse_budgets, verdict
-from ui import capture_panel, charts, drafter_health, recorded, source, state, views
+from ui import capture_panel, charts, drafter_health, source, state, views
 
 st.title("Profile")
 stepped = source.pick("profile_source") == source.STEPPED
-needs_model = recorded.needs_model()  # None live; with a recording open, why nothing here decodes
+needs_model = state.needs_model()  # None live; with a recording open, why nothing here decodes
 if stepped:
-    runs = source.stepped_runs()
-    statistics = repeat_stats([runs])
+    measurement = source.stepped()
 else:
     repeats_col, rerun_col = st.columns([1, 4], vertical_alignment="bottom")
     count = repeats_col.number_input("Repeats", 1, 50, key="profile_repeats", disabled=bool(needs_model),
@@ -24,9 +23,8 @@ else:
         state.forget_runs()
     if needs_model:
         st.caption(needs_model)
-    statistics = state.statistics(int(count))
-    runs = state.runs()  # the median repeat
-summaries = state.summaries(runs)
+    measurement = state.measured(int(count))  # its runs: the median repeat
+runs, summaries, statistics = measurement.runs, measurement.summaries, measurement.repeats
 measured = statistics.modes
 columns = st.columns(1 + len(summaries))
 columns[0].metric("AR tokens/s", views.number(measured["ar"]["tokens_per_s"]["median"], ".1f"),
@@ -115,7 +113,7 @@ if st.button("Run sweep", disabled=bool(needs_model), help=needs_model):
         state.sweep(budgets, int(repeats),
                     lambda done, total: bar.progress(done / total, text=f"Budget {done}/{total}"))
         bar.empty()
-rows = st.session_state.sweep
+rows = state.current().sweep
 if rows:
     sentence = verdict(rows)
     st.markdown(sentence[0].upper() + sentence[1:] + ".")

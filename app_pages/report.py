@@ -17,10 +17,10 @@ st.caption("Everything below comes from the recording's runs, its repeat statist
            "as recorded." if recorded.current() is not None else "Everything below comes from the runs of the "
            "sidebar's settings (the same runs the Profile and Compare pages show, with the Profile page's repeat "
            "statistics); `python -m engine run` writes the same files.")
-runs = state.runs()
+measurement = state.measured()
 with st.spinner("Rendering the reports..."):
-    files = state.reports(list(FORMATS))  # rendered once per set of runs
-for summary in state.summaries(runs).values():
+    files = state.reports(list(FORMATS))  # rendered once per measurement
+for summary in measurement.summaries.values():
     exact, sentence = views.verdict(summary)
     warning = views.divergence_warning(summary)
     if warning:

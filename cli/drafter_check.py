@@ -7,11 +7,13 @@ import argparse
 from pathlib import Path
 
 from cli import options as opts
+from cli.request import request_from_args
 from engine.decoding.session import load_target
+from engine.drafters import DrafterSpec
 from engine.records import MODE_LABELS
 from profiling.drafter_health import OK, Check, check_drafter
 
-TREE_MODES = {"tree": "ddtree", "chain": "chain"}
+TREE_CHOICES = ("chain", "tree")  # engine.records.TREES keys of one mode
 
 
 def format_checks(checks: list[Check]) -> str:
@@ -25,15 +27,13 @@ def format_checks(checks: list[Check]) -> str:
 
 
 def drafter_check(args: argparse.Namespace) -> int:
-    ckpt = opts.load_checkpoint(args)
-    prompt = opts.pick_prompt(args, ckpt)
-    cfg = opts.decode_config(args, ckpt, prompt)
-    mode = TREE_MODES[args.tree]
-    model = load_target(ckpt, cfg)
-    checks = check_drafter(model, prompt, cfg, args.drafter_model, mode)
+    request = request_from_args(args, DrafterSpec("dflash", model=args.drafter_model))
+    cfg, mode = request.config, request.primary
+    model = load_target(request.checkpoint, cfg)
+    checks = check_drafter(model, request.prompt, cfg, request.drafter.model, mode)
     budget = f" B={cfg.budget}" if mode == "ddtree" else ""
     print(f"drafter-check: {args.drafter_model} on {Path(args.model).name}, {MODE_LABELS[mode]}{budget}, "
-          f"block size {cfg.block_size}, {cfg.max_new_tokens} tokens, prompt of {len(prompt)} tokens")
+          f"block size {cfg.block_size}, {cfg.max_new_tokens} tokens, prompt of {len(request.prompt)} tokens")
     print(format_checks(checks))
     return 0 if all(c.verdict == OK for c in checks) else 1
 
@@ -45,6 +45,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--drafter-model", required=True, metavar="DIR", help="the DFlash checkpoint directory")
     opts.add_prompt_args(p)
     opts.add_decode_args(p)
-    p.add_argument("--tree", default="tree", choices=sorted(TREE_MODES),
+    p.add_argument("--tree", default="tree", choices=TREE_CHOICES,
                    help="measure acceptance with the best-first tree (DDTree) or the top-1 chain (default: tree)")
     p.set_defaults(func=drafter_check)

@@ -11,17 +11,18 @@ import pathlib
 import sys
 
 from cli import options as opts
+from cli.request import request_from_args
 from engine.config import DecodeConfig
-from engine.decoding.session import decode_runs
-from engine.model.parallel import gather_to_leader, init_from_env
-from engine.records import MODE_LABELS, TREES, RunRecord
-from profiling.capture import capture_runs
+from engine.model.parallel import init_from_env
+from engine.records import MODE_LABELS
 from profiling.capture_view import summary_lines
 from profiling.divergence import verdict
-from profiling.metrics import real_divergences, summarize_runs, tau
+from profiling.measure import check_plan, measure
+from profiling.measurement import Measurement
+from profiling.metrics import real_divergences, tau
 from profiling.progress import DecodeProgress
 from profiling.ranks import ranks_table
-from profiling.repeats import median_repeat, repeat_runs, repeat_stats, summarize_repeats
+from profiling.repeats import RepeatStats
 from profiling.report import check_out_dir, write_all
 
 
@@ -29,8 +30,8 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def summary_table(runs: dict[str, RunRecord]) -> str:
-    summaries = summarize_runs(runs)
+def summary_table(measurement: Measurement) -> str:
+    runs, summaries = measurement.runs, measurement.summaries
     ar = runs["ar"]
     first = next(iter(summaries.values()))
     columns = [("AR", ar, None), *((MODE_LABELS[m], runs[m], s) for m, s in summaries.items())]
@@ -60,11 +61,11 @@ def summary_table(runs: dict[str, RunRecord]) -> str:
     return "\n".join(lines)
 
 
-def repeats_table(repeated: list[dict[str, RunRecord]]) -> str:
+def repeats_table(repeats: RepeatStats) -> str:
     """profiling.repeats' statistics: one line per mode and statistic, median with p10-p90 and min-max."""
-    lines = [f"{len(repeated)} repeats after one warm-up:{'':<6}{'median':>10}{'p10':>10}{'p90':>10}{'min':>10}"
+    lines = [f"{repeats.count} repeats after one warm-up:{'':<6}{'median':>10}{'p10':>10}{'p90':>10}{'min':>10}"
              f"{'max':>10}"]
-    for mode, row in summarize_repeats(repeated).items():
+    for mode, row in repeats.modes.items():
         for key, value in row.items():
             if key == "large_spread" or value["median"] is None or (mode == "ar" and key == "speedup"):
                 continue
@@ -75,51 +76,44 @@ def repeats_table(repeated: list[dict[str, RunRecord]]) -> str:
     return "\n".join(lines)
 
 
+def console_summary(measurement: Measurement, repeats: int) -> str:
+    """What `run` prints of a measurement: the summary table, then the repeats, the ranks and the capture."""
+    parts = [summary_table(measurement)]
+    if repeats > 1:
+        parts.append(repeats_table(measurement.repeats))
+    if measurement.ranks is not None:
+        parts.append(ranks_table(measurement.ranks))
+    if measurement.capture is not None:
+        parts.append("\n".join(summary_lines(measurement.runs, measurement.capture)))
+    return "\n".join(parts)
+
+
 def run_command(args: argparse.Namespace) -> int:
     try:
-        if args.repeats < 1 or (args.repeats > 1 and args.profile):
-            raise ValueError(f"--repeats {args.repeats}: expected an integer >= 1" if args.repeats < 1 else
-                             "--repeats and --profile: the profiler captures one run; drop one of them")
-        ckpt = opts.load_checkpoint(args)
-        prompt = opts.pick_prompt(args, ckpt)
-        cfg = opts.decode_config(args, ckpt, prompt)
-        spec = opts.drafter_spec(args)
+        check_plan(args.repeats, args.profile)
+        request = request_from_args(args)
         if args.report is not None:
             check_out_dir(pathlib.Path(args.report), args.force)
-        shard = init_from_env(cfg.device)  # under torchrun: join the group; every rank decodes, rank 0 reports
+        # under torchrun: join the group; every rank decodes, rank 0 reports
+        shard = init_from_env(request.config.device)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     leader = shard is None or shard.rank == 0
-    modes = TREES[args.tree]
-    progress = DecodeProgress(cfg.max_new_tokens) if leader else None
-    capture = None
-    repeated = None
-    if args.profile:
-        runs, capture = capture_runs(ckpt, prompt, cfg, spec, modes, on_step=progress)
-    elif args.repeats > 1:
-        repeated = repeat_runs(ckpt, prompt, cfg, args.repeats, spec, modes,
-                               on_progress=lambda done, total: print(f"repeat {done}/{total}", file=sys.stderr))
-        runs = median_repeat(repeated, modes[-1])
-    else:
-        runs = decode_runs(ckpt, prompt, cfg, spec, modes, on_step=progress)
+    progress = DecodeProgress(request.config.max_new_tokens) if leader else None
+    repeated = args.repeats > 1  # repeats report their progress per repeat, a single decode per step
+    measurement = measure(request, repeats=args.repeats, profile=args.profile, on_step=None if repeated else progress,
+                          on_progress=(lambda done, total: print(f"repeat {done}/{total}", file=sys.stderr))
+                          if repeated else None)
     if progress is not None:
         progress.finish()
-    ranks = gather_to_leader(runs) if shard is not None else None
-    failed = real_divergences(summarize_runs(runs))
+    failed = real_divergences(measurement.summaries)
     if not leader:
         return 1 if failed else 0
-    print(summary_table(runs))
-    if repeated is not None:
-        print(repeats_table(repeated))
-    if ranks is not None:
-        print(ranks_table(ranks))
-    if capture is not None:
-        print("\n".join(summary_lines(runs, capture)))
+    print(console_summary(measurement, args.repeats))
     if args.report is not None:
         try:
-            paths = write_all(runs, args.report, force=args.force, capture=capture, ranks=ranks,
-                              repeats=repeat_stats(repeated) if repeated is not None else None)
+            paths = write_all(measurement, args.report, force=args.force)
         except (ValueError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

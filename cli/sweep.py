@@ -7,15 +7,13 @@ import sys
 from pathlib import Path
 
 from cli import options as opts
+from cli.request import request_from_args
 from profiling.report import write_atomic
 from profiling.sweep import DEFAULT_BUDGETS, budget_sweep, format_rows, parse_budgets
 
 
 def _sweep_command(args: argparse.Namespace) -> int:
-    ckpt = opts.load_checkpoint(args)
-    prompt = opts.pick_prompt(args, ckpt)
-    cfg = opts.decode_config(args, ckpt, prompt)
-    spec = opts.drafter_spec(args)
+    request = request_from_args(args)
     budgets = parse_budgets(args.budgets)
     if args.json is not None:
         opts.check_output_file(args.json, args.force, "--json")
@@ -24,11 +22,12 @@ def _sweep_command(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():  # a live counter for people; logs get only the table
             print(f"\rbudget {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
-    rows = budget_sweep(ckpt, prompt, cfg, budgets, spec, repeats=args.repeats, on_progress=progress)
+    rows = budget_sweep(request, budgets, repeats=args.repeats, on_progress=progress)
     print(format_rows(rows))
     if args.json is not None:
-        meta = {"model": str(args.model), "prompt": list(prompt), "decode": cfg.to_dict(), "drafter": spec.settings()
-                | {"name": spec.name}, "repeats": args.repeats}
+        spec = request.drafter
+        meta = {"model": str(args.model), "prompt": list(request.prompt), "decode": request.config.to_dict(),
+                "drafter": spec.settings() | {"name": spec.name}, "repeats": args.repeats}
         write_atomic(args.json, (json.dumps({**meta, "rows": rows}, indent=2) + "\n").encode())
         print(f"wrote {args.json}")
     return 0

@@ -7,8 +7,9 @@ import argparse
 import numpy as np
 
 from cli import options as opts
-from engine.decoding.session import decode_runs, golden_for, load_target
-from engine.records import MODE_LABELS, TREES
+from cli.request import request_from_args
+from engine.decoding.session import decode_request, golden_for
+from engine.records import MODE_LABELS
 from profiling.divergence import REAL, verdict
 from profiling.metrics import summarize
 
@@ -23,17 +24,13 @@ def first_mismatch(expected: list[int], got: list[int]) -> int | None:
 
 
 def verify(args: argparse.Namespace) -> int:
-    ckpt = opts.load_checkpoint(args)
-    prompt = opts.pick_prompt(args, ckpt)
-    cfg = opts.decode_config(args, ckpt, prompt)
-    spec = opts.drafter_spec(args)
+    request = request_from_args(args)
+    ckpt, prompt, cfg = request.checkpoint, list(request.prompt), request.config
     own = ckpt.golden_tokens is not None and ckpt.prompt is not None and prompt == ckpt.prompt.tolist() \
         and cfg.temperature == 0.0  # golden tokens are greedy
     shown = ckpt.golden_tokens.tolist()[: cfg.max_new_tokens] if own else None
     golden = golden_for(ckpt, prompt, cfg) and shown  # checked against in float32 only
-    model = load_target(ckpt, cfg)
-    runs = decode_runs(ckpt, prompt, cfg, spec, TREES[args.tree], profile_timers=False, model=model,
-                       warmup=False)
+    runs = decode_request(request, warmup=False, profile_timers=False)
     ar = runs["ar"]
     if shown is not None:
         print("golden :", " ".join(map(str, shown)))

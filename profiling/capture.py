@@ -17,12 +17,10 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from engine.config import DecodeConfig
-from engine.decoding.decoder import Decoder
-from engine.decoding.session import ORACLE, golden_for, load_target, make_decoder, warm_up, with_text
-from engine.drafters import DrafterSpec
-from engine.loaders.checkpoint import Checkpoint
+from engine.decoding.request import DecodeRequest
+from engine.decoding.session import Build, decode_request
 from engine.model.target import TargetModel
-from engine.records import MODES, RunRecord, StepRecord
+from engine.records import RunRecord, StepRecord
 from engine.timers import StepTimer
 from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
 from profiling.metrics import STEP
@@ -138,7 +136,7 @@ def attribute(events: Sequence[ProfEvent], names: set[str]) -> RunCapture:
     return RunCapture(list(ranges.values()), ranked, kernels)
 
 
-def _profiled(build: Callable[[StepTimer], Decoder], cfg: DecodeConfig,
+def _profiled(build: Build, cfg: DecodeConfig,
               on_step: Callable[[StepRecord], None] | None) -> tuple[RunRecord, RunCapture]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cfg.device == "cuda" else [])
     timer = StepTimer(cfg.device, annotate=True)
@@ -150,19 +148,17 @@ def _profiled(build: Callable[[StepTimer], Decoder], cfg: DecodeConfig,
     return run, attribute(events_from(prof), names)
 
 
-def capture_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, drafter: DrafterSpec = ORACLE,
-                 modes: Sequence[str] = ("ddtree",), on_step: Callable[[StepRecord], None] | None = None,
-                 model: TargetModel | None = None) -> tuple[dict[str, RunRecord], Capture]:
-    """decode_runs under torch.profiler: a warm-up, then AR and each mode on one model (`model`, else loaded
-    from ckpt), each in its own capture. `python -m engine run --profile` and the Profile page take it so."""
-    modes = [m for m in MODES if m in modes and m != "ar"]
-    model = model or load_target(ckpt, cfg)
-    warm_up(ckpt, prompt, cfg, model, drafter, modes)
-    ar, ar_capture = _profiled(lambda t: make_decoder(ckpt, prompt, cfg, "ar", timer=t, model=model), cfg, on_step)
-    runs, captures = {"ar": ar}, {"ar": ar_capture}
-    known = golden_for(ckpt, prompt, cfg) or ar.tokens
-    for mode in modes:
-        runs[mode], captures[mode] = _profiled(
-            lambda t, mode=mode: make_decoder(ckpt, prompt, cfg, mode, drafter, t, model, known), cfg, on_step)
-    activities = ["cpu"] + (["cuda"] if cfg.device == "cuda" else [])
-    return {mode: with_text(run, ckpt) for mode, run in runs.items()}, Capture(activities, captures)
+def capture_runs(request: DecodeRequest, model: TargetModel | None = None,
+                 on_step: Callable[[StepRecord], None] | None = None) -> tuple[dict[str, RunRecord], Capture]:
+    """decode_request under torch.profiler: its warm-up, then AR and each mode on one model (`model`, else loaded
+    from the checkpoint), each run in its own capture. `python -m engine run --profile` and the Profile page take
+    it so."""
+    captures: dict[str, RunCapture] = {}
+
+    def profiled(mode: str, build: Build) -> RunRecord:
+        run, captures[mode] = _profiled(build, request.config, on_step)
+        return run
+
+    runs = decode_request(request, model, runner=profiled)
+    activities = ["cpu"] + (["cuda"] if request.config.device == "cuda" else [])
+    return runs, Capture(activities, captures)

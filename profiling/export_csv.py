@@ -9,9 +9,9 @@ import io
 
 from engine.decoding.decoder import STAGES
 from engine.records import RunRecord, StepRecord
+from profiling.measurement import Measurement
 from profiling.metrics import STEP, stage_ns
 from profiling.repeats import RANGE_COLUMNS, kernel_rows
-from profiling.report_data import ReportData
 
 STEP_COLUMNS = ("mode", "step", "prefix_len", "num_nodes", "num_drafted", "num_accepted", "expected_accepted",
                 "draft_expected", "num_committed", "committed", "committed_text", "bonus", "experts_touched",
@@ -53,5 +53,5 @@ def render_steps(runs: dict[str, RunRecord]) -> bytes:
     return _table(STEP_COLUMNS, [step_row(s) for run in runs.values() for s in run.steps])
 
 
-def render_kernels(data: ReportData) -> bytes:
+def render_kernels(data: Measurement) -> bytes:
     return _table(KERNEL_COLUMNS, kernel_rows(data.runs, data.repeats, data.capture))

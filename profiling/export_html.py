@@ -8,10 +8,9 @@ from engine.records import MODE_LABELS, RunRecord, StepRecord
 from profiling.capture_data import Capture
 from profiling.charts import acceptance_figure, figure_div, position_figure, stage_figure, timeline_figure
 from profiling.divergence import verdict
-from profiling.environment import environment
 from profiling.figures import tree_figure
+from profiling.measurement import Measurement
 from profiling.metrics import kernel_table, primary_mode
-from profiling.report_data import ReportData
 
 MAX_TREES = 4
 DIFF = ' class="diff"'
@@ -152,11 +151,11 @@ def ops_section(capture: Capture) -> str:
             "overhead.</p>" + "".join(parts))
 
 
-def render(data: ReportData) -> bytes:
+def render(data: Measurement) -> bytes:
     runs, capture, summaries = data.runs, data.capture, data.summaries
     primary = primary_mode(runs)
     spec = runs[primary]
-    env = data.environment or environment(str(spec.decode["device"]))
+    env = data.environment
     rows = [row for run in runs.values() for row in kernel_table(run, capture)]
     figures = [stage_figure(rows), *(timeline_figure(run) for run in runs.values())]
     for summary in summaries.values():

@@ -12,10 +12,9 @@ import math
 import numpy as np
 
 from engine.records import RunRecord, StepRecord
-from profiling.environment import environment
+from profiling.measurement import Measurement
 from profiling.metrics import primary_mode
 from profiling.repeats import STATISTICS, RepeatStats, kernel_rows
-from profiling.report_data import ReportData
 from profiling.schema import SCHEMA_VERSION
 
 
@@ -64,12 +63,12 @@ def vocabulary_dict(runs: dict[str, RunRecord]) -> dict | None:
     return {str(t): {"piece": piece, "bytes": data.hex()} for t, (piece, data) in sorted(merged.items())}
 
 
-def build_report(data: ReportData) -> dict:
+def build_report(data: Measurement) -> dict:
     runs, capture = data.runs, data.capture
     primary = runs[primary_mode(runs)]
     return {
         "schema_version": SCHEMA_VERSION,
-        "environment": data.environment or environment(str(primary.decode["device"])),
+        "environment": data.environment,
         "config": {"model": primary.model, "decode": primary.decode, "drafter": primary.drafter,
                    "prompt": list(primary.prompt), "modes": list(runs), "parallel": primary.parallel},
         "primary": primary.mode,
@@ -83,5 +82,5 @@ def build_report(data: ReportData) -> dict:
     }
 
 
-def render(data: ReportData) -> bytes:
+def render(data: Measurement) -> bytes:
     return json.dumps(build_report(data), indent=1, allow_nan=False).encode()

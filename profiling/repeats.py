@@ -1,5 +1,5 @@
-"""Repeated measurement: decode_runs R times (one warm-up first) and summarise the timings as medians with their
-spread, so that one noisy run does not decide a speedup.
+"""Repeated measurement: decode a DecodeRequest R times (one warm-up first) and summarise the timings as medians with
+their spread, so that one noisy run does not decide a speedup.
 
 Per mode, over the R repeats: tokens/s, speedup over the same repeat's AR run, total time, time to first token
 (TTFT: the prefill, which produces the first token) and the inter-token latency (ITL) p50 and p95 of each
@@ -19,12 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import DecodeConfig
-from engine.decoding.session import ORACLE, decode_runs
-from engine.drafters import DrafterSpec
-from engine.loaders.checkpoint import Checkpoint
+from engine.decoding.request import DecodeRequest
+from engine.decoding.session import decode_request, load_target
 from engine.model.target import TargetModel
-from engine.records import RunRecord
+from engine.records import RunRecord, StepRecord
 from profiling.capture_data import Capture
 from profiling.metrics import kernel_table, run_time_ns, tokens_per_s
 
@@ -55,15 +53,17 @@ def inter_token_ms(run: RunRecord) -> list[float]:
     return [step.wall_ns / 1e6 for step in run.steps]
 
 
-def repeat_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, repeats: int,
-                drafter: DrafterSpec = ORACLE, modes: Sequence[str] = ("ddtree",), model: TargetModel | None = None,
+def repeat_runs(request: DecodeRequest, repeats: int, model: TargetModel | None = None,
+                on_step: Callable[[StepRecord], None] | None = None,
                 on_progress: Callable[[int, int], None] | None = None) -> list[dict[str, RunRecord]]:
-    """decode_runs `repeats` times on one model, the warm-up before the first only; on_progress(done, total)."""
+    """decode_request `repeats` times on one model (`model`, else loaded once), the warm-up before the first only;
+    on_step sees every step, on_progress(done, total) follows each repeat."""
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
+    model = model or load_target(request.checkpoint, request.config)
     out = []
     for i in range(repeats):
-        out.append(decode_runs(ckpt, prompt, cfg, drafter, modes, profile_timers=True, model=model, warmup=i == 0))
+        out.append(decode_request(request, model, warmup=i == 0, on_step=on_step))
         if on_progress is not None:
             on_progress(i + 1, repeats)
     return out

@@ -1,5 +1,5 @@
-"""Step through a recorded run as engine.decoding.decoder.Decoder steps through a live one, with no model: each step() hands
-out the next recorded StepRecord. The Decode page drives either through the same calls (steps, done, first_token,
+"""Step through a recorded run as engine.decoding.decoder.Decoder steps through a live one, with no model: each step()
+hands out the next recorded StepRecord. The Decode page drives either through the same calls (steps, done, first_token,
 step(), record())."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The five exports of a set of runs (AR, then chain and/or DDTree): render one to bytes, or write them all
-into a directory.
+"""The five exports of a Measurement (profiling/measurement.py: the runs, AR then chain and/or DDTree, and what is
+known about them): render one to bytes, or write them all into a directory.
 
 write_all checks everything before it writes anything (all five render, the directory is usable, no target is
 a directory, no file would be overwritten without force), then writes the set all or nothing: every file to a
@@ -16,11 +16,8 @@ import uuid
 from collections.abc import Callable
 from types import ModuleType
 
-from engine.records import RunRecord
 from profiling import export_csv, export_json, export_trace
-from profiling.capture_data import Capture
-from profiling.repeats import RepeatStats
-from profiling.report_data import ReportData, report_data
+from profiling.measurement import Measurement
 
 
 class ReportError(ValueError):
@@ -38,24 +35,18 @@ def html_exporter() -> ModuleType:
     return export_html
 
 
-Runs = dict[str, RunRecord]  # AR first, then the speculative runs (decode_runs)
-FORMATS: dict[str, Callable[[ReportData], bytes]] = {
+FORMATS: dict[str, Callable[[Measurement], bytes]] = {
     "report.html": lambda data: html_exporter().render(data),
     "report.json": export_json.render,
     "kernels.csv": export_csv.render_kernels,
     "steps.csv": lambda data: export_csv.render_steps(data.runs),
-    "trace.json": lambda data: export_trace.render(data.runs, data.capture),
+    "trace.json": lambda data: export_trace.render(data.runs, data.capture, data.ranks),
 }
 
 
-def render(runs: Runs, fmt: str, capture: Capture | None = None, repeats: RepeatStats | None = None) -> bytes:
-    """One export of live runs as bytes; fmt is its file name (one of FORMATS). repeats: the statistics of the
-    repeats `runs` is one of (None: the runs alone, n = 1)."""
-    return render_data(report_data(runs, capture, repeats), fmt)
-
-
-def render_data(data: ReportData, fmt: str) -> bytes:
-    """One export as bytes, of any ReportData (a recording's: profiling.report_reader.Recording.report_data())."""
+def render(data: Measurement, fmt: str) -> bytes:
+    """One export as bytes, of a live measurement or a recording (profiling.report_reader.Recording); fmt is its
+    file name (one of FORMATS)."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}: expected one of {sorted(FORMATS)}")
     return FORMATS[fmt](data)
@@ -148,17 +139,12 @@ def _replace_all(out: pathlib.Path, blobs: dict[str, bytes]) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def write_all(runs: Runs, out_dir: str | os.PathLike, force: bool = False, capture: Capture | None = None,
-              repeats: RepeatStats | None = None, ranks: list[Runs] | None = None) -> list[pathlib.Path]:
-    """Write all five exports into out_dir (created if missing), all or none; returns their paths. repeats: as
-    for render. ranks: every rank's runs of a parallel run (profiling/ranks.py), which trace.json shows one
-    process per rank and run."""
+def write_all(data: Measurement, out_dir: str | os.PathLike, force: bool = False) -> list[pathlib.Path]:
+    """Write all five exports of `data` into out_dir (created if missing), all or none; returns their paths. A
+    parallel run's trace.json shows one process per rank and run (Measurement.ranks)."""
     out = pathlib.Path(out_dir)
     check_out_dir(out, force)
-    data = report_data(runs, capture, repeats)
-    blobs = {name: render_data(data, name) for name in FORMATS}
-    if ranks is not None:
-        blobs["trace.json"] = export_trace.render(runs, capture, ranks)
+    blobs = {name: render(data, name) for name in FORMATS}
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -29,9 +29,9 @@ from engine.loaders.text import TokenizerError
 from engine.records import ExpertTraffic, NodeProbs, RunRecord, StepRecord, TreeRecord
 from profiling import report_checks
 from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
+from profiling.measurement import Measurement
 from profiling.metrics import range_names, summarize_runs
 from profiling.repeats import STATISTICS, RepeatStats, large_spread, repeat_stats, summarize_repeats
-from profiling.report_data import ReportData
 from profiling.schema import REPORT_SCHEMA, SCHEMA_VERSION
 
 MAX_BYTES = 256 * 2**20  # a report of 1,025-node trees over a few hundred steps stays far below this
@@ -64,27 +64,15 @@ class RecordedVocabulary:
         return self._table[token]
 
 
-@dataclass(frozen=True, slots=True)
-class Recording:
-    """A report.json read back: what the dashboard shows in place of a live decode."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recording(Measurement):
+    """A report.json read back: its Measurement (runs, summaries with first divergences as recorded, repeat
+    statistics, capture, environment) plus the file's identity; the dashboard shows it as it shows a live one."""
 
     name: str  # the file's name, as the user gave it
     digest: str  # SHA-256 of its bytes
     size: int  # bytes
-    runs: dict[str, RunRecord]  # AR first, then the speculative runs, as decode_runs returns them
-    summaries: dict[str, dict]  # metrics.summarize_runs of the runs, first divergences as recorded
-    repeats: RepeatStats
-    capture: Capture | None
-    environment: dict  # where it ran: profiling/environment.py's fields
     vocabulary: RecordedVocabulary | None  # None: the model had no tokenizer
-
-    @property
-    def primary(self) -> str:
-        return "ddtree" if "ddtree" in self.runs else list(self.runs)[-1]
-
-    def report_data(self) -> ReportData:
-        """What its exports are rendered from: its runs, summaries, statistics, capture and environment as recorded."""
-        return ReportData(self.runs, self.summaries, self.repeats, self.capture, self.environment)
 
 
 def read_report_file(path: str | os.PathLike) -> Recording:

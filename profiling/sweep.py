@@ -13,9 +13,8 @@ import re
 from collections.abc import Callable, Sequence
 
 from engine.config import MAX_BUDGET, DecodeConfig
-from engine.decoding.session import ORACLE, continuation_of, load_target, make_decoder
-from engine.drafters import DrafterSpec
-from engine.loaders.checkpoint import Checkpoint
+from engine.decoding.request import DecodeRequest
+from engine.decoding.session import continuation_of, load_target, make_decoder
 from engine.model.target import TargetModel
 from profiling.metrics import run_time_ns, tau
 from profiling.repeats import stats
@@ -34,10 +33,10 @@ def parse_budgets(text: str) -> list[int]:
     return sorted({int(p) for p in parts})
 
 
-def budget_sweep(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, budgets: Sequence[int],
-                 drafter: DrafterSpec = ORACLE, on_progress: Callable[[int, int], None] | None = None,
-                 model: TargetModel | None = None, repeats: int = 1) -> list[dict]:
-    """DDTree decodes of `prompt` at each budget (cfg's budget is replaced), in increasing budget order.
+def budget_sweep(request: DecodeRequest, budgets: Sequence[int], repeats: int = 1, model: TargetModel | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """DDTree decodes of the request's prompt with its drafter at each budget (its config's budget is replaced), in
+    increasing budget order.
 
     Returns rows {budget, tau, ms_per_token, ms_p10, ms_p90, tokens_per_s, num_steps, repeats}: ms_per_token is
     the median over `repeats` decodes with its p10 and p90 (profiling.repeats.stats), tokens_per_s its inverse
@@ -47,15 +46,17 @@ def budget_sweep(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, bud
     budget."""
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
+    cfg = request.config
     configs = [dataclasses.replace(cfg, budget=b) for b in budgets]  # DecodeConfig validates each budget
     configs = sorted({c.budget: c for c in configs}.values(), key=lambda c: c.budget)
     if not configs:
         raise ValueError("no budgets to sweep: give at least one budget")
+    ckpt, prompt = request.checkpoint, request.prompt
     model = model or load_target(ckpt, cfg)
     truth = continuation_of(ckpt, prompt, cfg, model)(cfg.max_new_tokens + cfg.block_size)
 
     def run(c: DecodeConfig):
-        return make_decoder(ckpt, prompt, c, "ddtree", drafter, model=model, continuation=truth).run()
+        return make_decoder(ckpt, prompt, c, "ddtree", request.drafter, model=model, continuation=truth).run()
 
     run(configs[0])
     rows = []

@@ -8,17 +8,19 @@ import pathlib
 
 import numpy as np
 
+from engine.decoding.request import DecodeRequest
 from engine.records import RunRecord, StepRecord, TreeRecord
 from profiling import report
+from profiling.measurement import Measurement
 from profiling.repeats import median_repeat, repeat_runs, repeat_stats
 
 
 def record(ckpt, out_dir: pathlib.Path, cfg, drafter, modes, repeats: int):
     """`repeats` decodes of AR and `modes` on the checkpoint's prompt, written as the CLI writes them (the median
     repeat's runs with the statistics of all). Returns (the repeats, the written runs, report.json's path)."""
-    repeated = repeat_runs(ckpt, ckpt.prompt.tolist(), cfg, repeats, drafter, modes)
+    repeated = repeat_runs(DecodeRequest(ckpt, ckpt.prompt.tolist(), cfg, drafter, modes), repeats)
     runs = median_repeat(repeated, modes[-1])
-    report.write_all(runs, out_dir, force=True, repeats=repeat_stats(repeated))
+    report.write_all(Measurement.of(runs, repeats=repeat_stats(repeated)), out_dir, force=True)
     return repeated, runs, out_dir / "report.json"
 
 

@@ -19,8 +19,7 @@ from engine.config import DTYPES, DecodeConfig
 from engine.decoding.session import decode
 from engine.drafters import REGISTRY
 from engine.loaders.kdtr import read_kdtr
-from profiling.metrics import tokens_per_s
-from profiling.repeats import repeat_stats
+from profiling.metrics import run_time_ns
 from profiling.sweep import DEFAULT_BUDGETS, verdict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -84,7 +83,7 @@ def test_decode_page_steps_shows_trees_and_matches_ar(tiny_checkpoint):
 
     at.number_input(key="run_n").set_value(2)
     press(at, "Run N")
-    decoder = at.session_state["decoder"]
+    decoder = at.session_state["live"].decoder
     assert metric(at, "Steps") == "4" and len(decoder.steps) == 4
 
     press(at, "Run to end")
@@ -96,7 +95,7 @@ def test_decode_page_steps_shows_trees_and_matches_ar(tiny_checkpoint):
     assert shown_tokens(at) == expected, "the committed tokens are the AR tokens (greedy-exact)"
     assert all(not b.disabled for b in at.button if b.label == "Reset")
     assert all(b.disabled for b in at.button if b.label in ("Step", "Run N", "Run to end"))
-    steps = at.session_state["decoder"].steps
+    steps = at.session_state["live"].decoder.steps
     tau = sum(s.num_committed for s in steps) / len(steps)
     assert metric(at, "Mean committed per step (tau)") == f"{tau:.2f}"
     assert 1 <= tau <= block_size
@@ -132,7 +131,7 @@ def test_changing_a_setting_resets_and_says_so(key, new_value, field):
     assert f"{field} {old} -> {new_value}" in notice and "reset" in notice
     press(at, "Run to end")
     assert metric(at, "Status") == "done"
-    settings = at.session_state["settings"]
+    settings = at.session_state["live"].settings
     assert getattr(settings.drafter if field in ("noise", "seed") else settings, field) == new_value
     n = settings.max_new_tokens
     assert metric(at, "Tokens generated") == f"{n} / {n}"
@@ -214,26 +213,28 @@ def test_two_tabs_do_not_share_state():
     press(run(second), "Step")
     run(first)
     assert metric(first, "Steps") == "2" and metric(second, "Steps") == "1"
-    assert first.session_state["settings"].budget != second.session_state["settings"].budget
-    assert first.session_state["decoder"] is not second.session_state["decoder"]
+    assert first.session_state["live"].settings.budget != second.session_state["live"].settings.budget
+    assert first.session_state["live"].decoder is not second.session_state["live"].decoder
 
 
 def test_profile_page_tables_charts_and_sweep():
     at = start()
     run(at.switch_page("app_pages/profile.py"))
-    assert len(at.session_state["repeats"]) == at.number_input(key="profile_repeats").value == 5, "the default"
+    measured = at.session_state["live"].measurement
+    assert measured.repeats.count == at.number_input(key="profile_repeats").value == 5, "the default"
     count = random.randint(2, 4)
     at.number_input(key="profile_repeats").set_value(count)
     run(at)
-    repeated = at.session_state["repeats"]
-    runs = at.session_state["runs"]
-    assert len(repeated) == count and any(r is runs for r in repeated), "the shown run is one of the repeats"
+    measured = at.session_state["live"].measurement
+    runs, repeated = measured.runs, measured.repeats.modes
+    assert measured.repeats.count == count and repeated["ddtree"]["tokens_per_s"]["n"] == count
+    assert repeated["ddtree"]["time_ms"]["min"] <= run_time_ns(runs["ddtree"]) / 1e6 <= \
+        repeated["ddtree"]["time_ms"]["max"], "the shown run is one of the repeats"
     ar, dd = runs["ar"], runs["ddtree"]
     tau = sum(s.num_committed for s in dd.steps) / dd.num_steps
     shown = next(m for m in at.metric if m.label == "DDTree tokens/s")
-    assert shown.value == f"{statistics.median(tokens_per_s(r['ddtree']) for r in repeated):.1f}"
-    speedup = statistics.median(tokens_per_s(r["ddtree"]) / tokens_per_s(r["ar"]) for r in repeated)
-    assert shown.delta == f"{speedup:.2f}x speedup, tau {tau:.2f}"
+    assert shown.value == f"{repeated['ddtree']['tokens_per_s']['median']:.1f}"
+    assert shown.delta == f"{repeated['ddtree']['speedup']['median']:.2f}x speedup, tau {tau:.2f}"
     stats = at.dataframe[0].value
     assert (stats["n"] == count).all() and {"tokens/s", "speedup", "TTFT ms", "ITL p95 ms"} <= set(stats["statistic"])
     spreads = stats[stats["statistic"].isin(["tokens/s", "speedup"])]
@@ -269,12 +270,12 @@ def test_profile_page_tables_charts_and_sweep():
     rows = at.dataframe[3].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
     assert ((rows["ms_p10"] <= rows["ms_per_token"]) & (rows["ms_per_token"] <= rows["ms_p90"])).all()
-    sentence = verdict(at.session_state["sweep"])
+    sentence = verdict(at.session_state["live"].sweep)
     assert any(m.value == sentence[0].upper() + sentence[1:] + "." for m in at.markdown)
     assert len(plotly_specs(at)) == 8
 
     press(at, "Re-run")
-    assert at.session_state["runs"]["ddtree"] is not dd, "re-measured"
+    assert at.session_state["live"].measurement.runs["ddtree"] is not dd, "re-measured"
 
 
 def test_compare_page_verdict_and_diff(tiny_checkpoint):
@@ -295,24 +296,24 @@ def test_report_page_offers_the_five_files():
     run(at.switch_page("app_pages/report.py"))
     labels = [b.label for b in at.download_button]
     assert labels == ["report.html", "report.json", "kernels.csv", "steps.csv", "trace.json"]
-    files = at.session_state["reports"]
-    dd = at.session_state["runs"]["ddtree"]
+    files = at.session_state["live"].reports
+    dd = at.session_state["live"].measurement.runs["ddtree"]
     summary = json.loads(files["report.json"])["summaries"]["ddtree"]
     assert summary["matches_ar"] is True and summary["num_steps"] == dd.num_steps
     assert files["steps.csv"].decode().count("\n") >= dd.num_steps
     for button in at.download_button:
         button.click()
         run(at)
-        assert at.session_state["reports"] is files, "downloading does not re-render"
+        assert at.session_state["live"].reports is files, "downloading does not re-render"
     assert json.loads(files["report.json"])["repeats"]["count"] == 1, "one decode: one repeat"
 
     at.session_state["profile_repeats"] = 2  # the Profile page measures two repeats; the Report page exports them
     run(run(at.switch_page("app_pages/profile.py")).switch_page("app_pages/report.py"))
-    doc = json.loads(at.session_state["reports"]["report.json"])
-    live = repeat_stats(at.session_state["repeats"])
+    doc = json.loads(at.session_state["live"].reports["report.json"])
+    live = at.session_state["live"].measurement
     assert doc["repeats"]["count"] == 2, "the Profile page's repeats"
-    assert doc["runs"]["ddtree"]["wall_ns"] == at.session_state["runs"]["ddtree"].wall_ns, "their median repeat"
-    assert doc["repeats"]["modes"]["ddtree"]["tokens_per_s"] == live.modes["ddtree"]["tokens_per_s"]
+    assert doc["runs"]["ddtree"]["wall_ns"] == live.runs["ddtree"].wall_ns, "their median repeat"
+    assert doc["repeats"]["modes"]["ddtree"]["tokens_per_s"] == live.repeats.modes["ddtree"]["tokens_per_s"]
 
 
 def test_a_path_loads_a_hugging_face_directory_and_a_bad_path_keeps_the_model(tiny_checkpoint, tmp_path):

@@ -42,7 +42,7 @@ def test_the_drafter_beside_the_target_is_filled_in_and_decodes(tiny_checkpoint,
     assert at.sidebar.text_input(key="drafter_model").value == str(drafter)
     assert not at.sidebar.error and not at.sidebar.warning
     press(at, "Step")
-    decoder = at.session_state["decoder"]
+    decoder = at.session_state["live"].decoder
     assert decoder.drafter.name == "dflash" and decoder.drafter.source == str(drafter)
     press(at, "Run to end")
     assert shown_tokens(at) == tiny_checkpoint.golden_tokens.tolist(), "greedy-exact with the learned drafter"
@@ -87,7 +87,7 @@ def test_the_profile_page_checks_the_drafters_health(tiny_checkpoint, target_wit
     choose_dflash(at)
     press(at, "Check the drafter")
     shown = at.dataframe[-1].value
-    settings = at.session_state["settings"]
+    settings = at.session_state["live"].settings
     model = TargetModel.from_checkpoint(tiny_checkpoint)
     want = check_drafter(model, list(settings.prompt), settings.decode_config(), str(drafter), "ddtree")
     assert list(shown["check"]) == [c.name for c in want] and list(shown["verdict"]) == [c.verdict for c in want]

@@ -14,7 +14,7 @@ from test_app import metric, press, run, shown_tokens, start
 from engine.config import DecodeConfig
 from engine.decoding.session import decode
 from engine.loaders.kdtr import read_kdtr, write_kdtr
-from ui import resources, state
+from ui import current, resources
 
 
 def load_path(at, path) -> None:
@@ -54,7 +54,7 @@ def test_an_unexpected_engine_error_is_a_message_with_its_traceback(monkeypatch)
     def broken(*args, **kwargs):
         raise RuntimeError("the decoder broke")
 
-    monkeypatch.setattr(state, "make_decoder", broken)
+    monkeypatch.setattr(current, "make_decoder", broken)
     press(at, "Step")
     assert at.error[0].value.startswith("RuntimeError: the decoder broke")
     assert at.expander[0].label == "Traceback" and "broken" in at.expander[0].code[0].value

@@ -45,12 +45,12 @@ def test_a_link_reopens_the_same_settings():
     assert params["prompt_box"] == "import os\nprint(os.getcwd())"
 
     again = open_link(params)
-    assert again.session_state["settings"] == at.session_state["settings"]
+    assert again.session_state["live"].settings == at.session_state["live"].settings
     assert again.sidebar.text_area(key="prompt_box").value == "import os\nprint(os.getcwd())"
     assert not any("link's settings" in i.value for i in again.info), "nothing to report"
 
     fixture = open_link({"model": FIXTURE.name, "budget": "7", "drafter": "oracle", "noise": "0.25"})
-    settings = fixture.session_state["settings"]
+    settings = fixture.session_state["live"].settings
     assert (settings.model, settings.budget, settings.drafter.noise) == (FIXTURE.name, 7, 0.25)
 
 
@@ -61,7 +61,7 @@ def test_values_that_do_not_fit_and_uploads_are_named():
     assert "uploads do not survive a reload" in notice
     assert "budget='5000' (expected an integer in [0, 1024])" in notice
     assert "dtype='float64'" in notice and "top_p='x'" in notice
-    settings = at.session_state["settings"]
+    settings = at.session_state["live"].settings
     assert settings.block_size == 4 and settings.budget == 64 and settings.dtype == "float32"
 
 

@@ -64,7 +64,7 @@ def test_every_page_shows_the_recording_labelled_as_one(recorded):
     shown = next(m for m in at.metric if m.label == "DDTree tokens/s")
     assert shown.value == f"{doc['repeats']['modes']['ddtree']['tokens_per_s']['median']:.1f}"
     assert (at.dataframe[0].value["n"] == len(repeated)).all(), "the recorded statistics, over its repeats"
-    assert at.session_state["repeats"] is None, "nothing was decoded"
+    assert at.session_state["live"].measurement is None, "nothing was decoded"
 
     run(at.switch_page("app_pages/compare.py"))
     assert at.success[0].value.startswith("Greedy-exact: DDTree emitted exactly the AR tokens")
@@ -107,3 +107,36 @@ def test_an_uploaded_recording_opens_and_bad_files_change_nothing(recorded, tmp_
     assert "good.json" in banner(at), "the open recording stays open"
     open_path(at, tmp_path / "missing.json")
     assert "no such file" in at.sidebar.error[0].value
+
+
+def page_content(at) -> dict:
+    """What a page says and shows, less what names its source (banner, captions, the source radio) and the AR
+    logit gaps (a recording holds none: they come from its steps' logit_gap, equal to float32 rounding)."""
+    frames = [df.value.drop(columns=["AR top-1/top-2 gap"], errors="ignore") for df in at.dataframe]
+    return {"verdicts": [e.value for e in (*at.success, *at.warning, *at.error)],
+            "metrics": [(m.label, m.value, m.delta) for m in at.metric],
+            "markdown": [m.value for m in at.markdown if " bytes" not in m.value], "frames": frames}
+
+
+def test_a_recording_and_the_live_measurement_it_was_written_from_show_the_same_pages(tmp_path):
+    from profiling import report
+
+    at = start()
+    at.sidebar.slider(key="noise").set_value(0.4)
+    at.session_state["profile_repeats"] = 1  # the Profile page shows the measurement the other pages took
+    live = {}
+    for page in PAGES[1:]:
+        live[page] = page_content(run(at.switch_page(page)))
+    measurement = at.session_state["live"].measurement
+    assert measurement.repeats.count == 1
+    report.write_all(measurement, tmp_path)
+    open_path(at, tmp_path / "report.json")
+    assert at.session_state["recording"].recording.runs["ddtree"].tokens == measurement.runs["ddtree"].tokens
+    for page in PAGES[1:]:
+        shown = page_content(run(at.switch_page(page)))
+        assert banner(at), page
+        assert {k: v for k, v in shown.items() if k != "frames"} == {k: v for k, v in live[page].items()
+                                                                      if k != "frames"}, page
+        assert len(shown["frames"]) == len(live[page]["frames"]), page
+        for recorded_frame, live_frame in zip(shown["frames"], live[page]["frames"], strict=True):
+            assert recorded_frame.equals(live_frame), (page, recorded_frame, live_frame)

@@ -12,6 +12,7 @@ from test_app import metric, press, run, shown_tokens, start
 from engine.config import DecodeConfig
 from engine.decoding.session import decode
 from profiling.divergence import verdict
+from profiling.measurement import Measurement
 from profiling.metrics import summarize_runs
 from ui.source import FRESH, STEPPED
 
@@ -21,7 +22,7 @@ def set_sampling(at, **values) -> DecodeConfig:
     for key, value in sorted(values.items(), key=lambda kv: kv[0] != "temperature"):
         at.sidebar.number_input(key=key).set_value(value)
         run(at)
-    return at.session_state["settings"].decode_config()
+    return at.session_state["live"].settings.decode_config()
 
 
 def test_sampled_decode_shows_probabilities_and_matches_seeded_ar(tiny_checkpoint):
@@ -31,7 +32,7 @@ def test_sampled_decode_shows_probabilities_and_matches_seeded_ar(tiny_checkpoin
     assert (cfg.temperature, cfg.top_p, cfg.seed) == (0.8, 0.9, seed) and cfg.top_k > 0
     press(at, "Step")
     press(at, "Step")
-    step = at.session_state["decoder"].steps[-1]
+    step = at.session_state["live"].decoder.steps[-1]
     assert metric(at, "Expected accepted (target)") == f"{step.probs.expected_accepted:.2f}"
     assert metric(at, "Drafter's surrogate") == f"{step.probs.draft_expected:.2f}"
     assert metric(at, "Accepted (realised)") == str(step.num_accepted)
@@ -56,7 +57,7 @@ def test_greedy_hides_the_probabilities_and_the_toggle_reaches_the_config():
     assert at.sidebar.number_input(key="top_k").disabled, "top-k only matters when sampling"
     at.sidebar.toggle(key="batch_invariant").set_value(True)
     run(at)
-    assert at.session_state["settings"].decode_config().batch_invariant is True
+    assert at.session_state["live"].settings.decode_config().batch_invariant is True
     assert "batch_invariant False -> True" in at.info[0].value
 
 
@@ -69,10 +70,12 @@ def test_every_page_warns_when_the_texts_differ():
     at = start()
     run(at.switch_page("app_pages/profile.py"))
     assert not differ_warnings(at)
-    runs = at.session_state["runs"]
+    live = at.session_state["live"]
+    runs = live.measurement.runs
     dd = runs["ddtree"]
     position = random.randrange(1, len(dd.tokens))
     dd.tokens[position] = (dd.tokens[position] + 1) % runs["ar"].model["vocab_size"]
+    live.measurement = Measurement.of(runs, repeats=live.measurement.repeats)  # as if measured so: summarised once
     summary = summarize_runs(runs)["ddtree"]
     sentence = verdict(summary, "DDTree")
     run(at)
@@ -92,7 +95,7 @@ def test_profile_and_compare_measure_the_decode_you_stepped():
     assert at.radio(key="compare_source").options == [FRESH], "offered once the stepped decode is done"
     run(at.switch_page("app_pages/decode.py"))
     press(at, "Run to end")
-    stepped = at.session_state["decoder"]
+    stepped = at.session_state["live"].decoder
     run(at.switch_page("app_pages/compare.py"))
     at.radio(key="compare_source").set_value(STEPPED)
     run(at)

@@ -40,7 +40,7 @@ def test_the_default_is_the_first_model_with_its_prompt_text_and_drafter(pair):
     assert at.sidebar.text_area(key="prompt_box").value == ckpt.prompt_texts[0]
     assert at.sidebar.selectbox(key="drafter").value == "dflash"
     assert at.sidebar.text_input(key="drafter_model").value == str(dflash_dir_beside(ckpt.source))
-    assert at.session_state["settings"].prompt == tuple(ckpt.tokenizer.encode(ckpt.prompt_texts[0]))
+    assert at.session_state["live"].settings.prompt == tuple(ckpt.tokenizer.encode(ckpt.prompt_texts[0]))
 
 
 def test_tokens_render_as_pieces_with_ids_and_the_text_reads_as_text(pair):
@@ -49,7 +49,7 @@ def test_tokens_render_as_pieces_with_ids_and_the_text_reads_as_text(pair):
     at.sidebar.number_input(key="budget").set_value(random.randint(2, 256))
     press(run(at), "Step")
     ladder, icicle = (json.loads(chart.proto.spec)["data"] for chart in at.main.get("plotly_chart")[:2])
-    step = at.session_state["decoder"].steps[0]
+    step = at.session_state["live"].decoder.steps[0]
     real = [n for n in range(step.tree.num_nodes) if n == 0 or step.tree.parents[n] >= 0]
     pieces = [ckpt.tokenizer.piece(step.tree.tokens[n]) for n in real]
     labels = icicle[0]["labels"]
@@ -66,7 +66,7 @@ def test_tokens_render_as_pieces_with_ids_and_the_text_reads_as_text(pair):
     press(at, "Run to end")
     ids = shown_tokens(at)
     assert chip_pieces(at) == [ckpt.tokenizer.piece(t) for t in ids]
-    prompt = list(at.session_state["settings"].prompt)
+    prompt = list(at.session_state["live"].settings.prompt)
     ar = decode(ckpt, prompt, DecodeConfig(), "ar")
     assert_greedy_equal(ar.tokens, ar.logits, ids)
     text = html.unescape(re.sub(r"<[^>]+>", "", at.html[1].value))
@@ -82,21 +82,21 @@ def test_example_prompts_token_ids_and_an_empty_text(pair):
         at.sidebar.selectbox(key="prompt_example").set_value(index)
         run(at)
         assert at.sidebar.text_area(key="prompt_box").value == ckpt.prompt_texts[index]
-        assert at.session_state["settings"].prompt == tuple(ckpt.tokenizer.encode(ckpt.prompt_texts[index]))
+        assert at.session_state["live"].settings.prompt == tuple(ckpt.tokenizer.encode(ckpt.prompt_texts[index]))
     at.sidebar.text_area(key="prompt_box").set_value("")
     run(at)
     assert "the text is empty" in at.sidebar.error[0].value and "valid prompt" in at.warning[0].value
     typed = "def f(x):\n    return x"
     at.sidebar.text_area(key="prompt_box").set_value(typed)
     run(at)
-    assert at.session_state["settings"].prompt == tuple(ckpt.tokenizer.encode(typed))
+    assert at.session_state["live"].settings.prompt == tuple(ckpt.tokenizer.encode(typed))
 
     at.sidebar.radio(key="prompt_source").set_value("token ids")
     run(at)
     ids = [random.randrange(ckpt.tokenizer.vocab_size) for _ in range(5)]
     at.sidebar.text_input(key="prompt_text").set_value(" ".join(map(str, ids)))
     run(at)
-    assert at.session_state["settings"].prompt == tuple(ids)
+    assert at.session_state["live"].settings.prompt == tuple(ids)
     assert any(repr(ckpt.tokenizer.decode(ids)) in c.value for c in at.sidebar.caption)
     press(at, "Step")
     assert metric(at, "Steps") == "1"

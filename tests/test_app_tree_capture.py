@@ -26,8 +26,9 @@ def test_the_profile_page_captures_with_torch_profiler_and_shows_cpu_ops_per_ran
     assert any(i.value.startswith("No capture for these settings yet") for i in at.info)
     charts = len(plotly_specs(at))
     press(at, "Capture with torch.profiler")
-    settings, runs, cap = at.session_state["profiler_capture"]
-    assert settings == at.session_state["settings"] and cap.activities == ["cpu"] and list(cap.runs) == ["ar", "ddtree"]
+    captured = at.session_state["live"].captured
+    runs, cap = captured.runs, captured.capture
+    assert cap.activities == ["cpu"] and list(cap.runs) == ["ar", "ddtree"]
     assert any("**CPU ops**" in c.value for c in at.caption), "labelled as CPU ops"
     assert len(plotly_specs(at)) == charts, "tables only"
     frames = [df.value for df in at.dataframe]
@@ -70,7 +71,7 @@ def test_the_decode_page_reads_a_1024_node_tree_by_its_focus(tiny_checkpoint):
     at.sidebar.number_input(key="budget").set_value(1024)
     run(at)
     press(at, "Step")
-    step = at.session_state["decoder"].steps[-1]
+    step = at.session_state["live"].decoder.steps[-1]
     piece = views.piece_of(tiny_checkpoint.tokenizer)
     assert step.tree.num_nodes == 1025
     focus = at.selectbox(key="tree_focus")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.config import DecodeConfig
+from engine.decoding.request import DecodeRequest
 from engine.drafters import DrafterSpec
 from engine.records import MODE_LABELS
 from kernels.kernel_names import IMPLEMENTATIONS
@@ -31,7 +32,7 @@ def profiled(monkeypatch, ckpt, cfg: DecodeConfig, modes=("ddtree",)):
             made.append(self)
 
     monkeypatch.setattr(torch.profiler, "profile", Keep)
-    runs, cap = capture.capture_runs(ckpt, ckpt.prompt.tolist(), cfg, DrafterSpec(noise=0.3), modes)
+    runs, cap = capture.capture_runs(DecodeRequest(ckpt, ckpt.prompt.tolist(), cfg, DrafterSpec(noise=0.3), modes))
     assert len(made) == len(cap.runs)
     return runs, cap, dict(zip(cap.runs, made, strict=True))
 

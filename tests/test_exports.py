@@ -16,11 +16,13 @@ import pytest
 from fake_records import fake_runs
 
 from engine.config import DecodeConfig
+from engine.decoding.request import DecodeRequest
 from engine.drafters import DrafterSpec
 from profiling import export_csv, figures, metrics, report
 from profiling.capture import ProfEvent, attribute, capture_runs
 from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
 from profiling.divergence import verdict
+from profiling.measurement import Measurement
 from profiling.schema import REPORT_SCHEMA
 
 # -- real decodes -----------------------------------------------------------------------------------------
@@ -38,8 +40,8 @@ def real_runs(tiny_checkpoint):
 @pytest.fixture(scope="module")
 def captured(tiny_checkpoint):
     cfg = DecodeConfig(budget=8, block_size=4, max_new_tokens=8)
-    return capture_runs(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, DrafterSpec(noise=0.3),
-                        ("chain", "ddtree"))
+    return capture_runs(DecodeRequest(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, DrafterSpec(noise=0.3),
+                                      ("chain", "ddtree")))
 
 
 def run_sets(real_runs) -> list[dict]:
@@ -101,7 +103,7 @@ class ExternalRefs(html.parser.HTMLParser):
 def test_report_json_validates_and_its_summaries_recompute_from_its_steps(real_runs):
     jsonschema.Draft202012Validator.check_schema(REPORT_SCHEMA)
     for runs in run_sets(real_runs):
-        doc = json.loads(report.render(runs, "report.json"))
+        doc = json.loads(report.render(Measurement.of(runs), "report.json"))
         jsonschema.validate(doc, REPORT_SCHEMA)
         assert doc["config"]["modes"] == list(runs) and set(doc["summaries"]) == set(runs) - {"ar"}
         assert doc["primary"] == ("ddtree" if "ddtree" in runs else "chain")
@@ -130,7 +132,7 @@ def test_report_json_validates_and_its_summaries_recompute_from_its_steps(real_r
 
 def test_report_json_steps_round_trip_the_records(real_runs):
     for runs in run_sets(real_runs):
-        doc = json.loads(report.render(runs, "report.json"))
+        doc = json.loads(report.render(Measurement.of(runs), "report.json"))
         records = [step for run in runs.values() for step in run.steps]
         assert len(doc["steps"]) == len(records)
         for rec, st in zip(records, doc["steps"], strict=True):
@@ -146,7 +148,7 @@ def test_report_json_steps_round_trip_the_records(real_runs):
 
 
 def test_report_json_kernel_rows_match_the_kernel_table(real_runs):
-    doc = json.loads(report.render(real_runs, "report.json"))
+    doc = json.loads(report.render(Measurement.of(real_runs), "report.json"))
     one_repeat = [row | {"mean_ms_median": row["mean_ms"], "mean_ms_p10": row["mean_ms"], "mean_ms_p90": row["mean_ms"],
                          "mean_ms_min": row["mean_ms"], "mean_ms_max": row["mean_ms"], "mean_ms_n": 1}
                   for run in real_runs.values() for row in metrics.kernel_table(run)]
@@ -162,7 +164,7 @@ def test_report_json_kernel_rows_match_the_kernel_table(real_runs):
 
 def test_trace_parses_and_nests(real_runs):
     for runs in run_sets(real_runs):
-        doc = json.loads(report.render(runs, "trace.json"))
+        doc = json.loads(report.render(Measurement.of(runs), "trace.json"))
         xs = check_trace(doc)
         for run in runs.values():
             pid = {"ar": 1, "chain": 2, "ddtree": 3}[run.mode]
@@ -182,7 +184,7 @@ def test_trace_places_captured_kernels_on_named_stream_tracks():
     kernels += [KernelEvent("memcpy", 13, None, None, rng.randrange(1000), 500)]
     empty = RunCapture([], [], [])
     capture = Capture(["cpu", "cuda"], {"ar": empty, "ddtree": RunCapture([], [], kernels)})
-    doc = json.loads(report.render(runs, "trace.json", capture))
+    doc = json.loads(report.render(Measurement.of(runs, capture), "trace.json"))
     xs = check_trace(doc)
     assert sum(e["tid"] == 107 for e in xs) == 40 and sum(e["tid"] == 113 for e in xs) == 1
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
@@ -194,8 +196,8 @@ def test_trace_places_captured_kernels_on_named_stream_tracks():
 
 def test_csvs_have_the_documented_columns_and_values(real_runs):
     for runs in run_sets(real_runs):
-        steps = list(csv.DictReader(io.StringIO(report.render(runs, "steps.csv").decode())))
-        kernels = list(csv.DictReader(io.StringIO(report.render(runs, "kernels.csv").decode())))
+        steps = list(csv.DictReader(io.StringIO(report.render(Measurement.of(runs), "steps.csv").decode())))
+        kernels = list(csv.DictReader(io.StringIO(report.render(Measurement.of(runs), "kernels.csv").decode())))
         assert tuple(steps[0]) == export_csv.STEP_COLUMNS and tuple(kernels[0]) == export_csv.KERNEL_COLUMNS
         records = [step for run in runs.values() for step in run.steps]
         assert len(steps) == len(records)
@@ -217,7 +219,7 @@ def test_csvs_have_the_documented_columns_and_values(real_runs):
 def test_report_html_is_self_contained(real_runs):
     real, _, diverged, chain = run_sets(real_runs)
     for runs in (real, diverged, chain):
-        page = report.render(runs, "report.html").decode()
+        page = report.render(Measurement.of(runs), "report.html").decode()
         parser = ExternalRefs()
         parser.feed(page)
         assert parser.refs == [] and parser.num_scripts >= 1
@@ -269,18 +271,18 @@ def test_tree_layout_is_layered_and_subtrees_are_contiguous(real_runs):
 
 def test_write_all_refuses_to_overwrite_without_force(tmp_path):
     runs = fake_runs(random.randrange(2**31))
-    paths = report.write_all(runs, tmp_path / "new" / "dir")
+    paths = report.write_all(Measurement.of(runs), tmp_path / "new" / "dir")
     assert sorted(p.name for p in paths) == sorted(report.FORMATS)
     target = tmp_path / "out"
     target.mkdir()
     sentinel = f"keep me {random.random()}"
     (target / "steps.csv").write_text(sentinel)
     with pytest.raises(report.ReportError, match="--force"):
-        report.write_all(runs, target)
+        report.write_all(Measurement.of(runs), target)
     assert (target / "steps.csv").read_text() == sentinel
     assert sorted(os.listdir(target)) == ["steps.csv"]
-    report.write_all(runs, target, force=True)
-    assert (target / "steps.csv").read_bytes() == report.render(runs, "steps.csv")
+    report.write_all(Measurement.of(runs), target, force=True)
+    assert (target / "steps.csv").read_bytes() == report.render(Measurement.of(runs), "steps.csv")
     assert not [n for n in os.listdir(target) if n.endswith(".tmp")]
 
 
@@ -288,11 +290,11 @@ def test_write_all_rejects_a_file_or_an_uncreatable_directory(tmp_path):
     runs = fake_runs(random.randrange(2**31))
     (tmp_path / "f").write_text("x")
     with pytest.raises(report.ReportError, match="not a directory"):
-        report.write_all(runs, tmp_path / "f")
+        report.write_all(Measurement.of(runs), tmp_path / "f")
     with pytest.raises(report.ReportError, match="cannot create"):
-        report.write_all(runs, tmp_path / "f" / "sub")
+        report.write_all(Measurement.of(runs), tmp_path / "f" / "sub")
     with pytest.raises(report.ReportError, match="unknown report format"):
-        report.render(runs, "report.xml")
+        report.render(Measurement.of(runs), "report.xml")
 
 
 def test_write_all_rejects_a_read_only_directory(tmp_path, monkeypatch):
@@ -303,7 +305,7 @@ def test_write_all_rejects_a_read_only_directory(tmp_path, monkeypatch):
         monkeypatch.setattr(report.os, "access", lambda p, mode: real_access(p, mode) and pathlib.Path(p) != tmp_path)
     try:
         with pytest.raises(report.ReportError, match="not writable"):
-            report.write_all(runs, tmp_path)
+            report.write_all(Measurement.of(runs), tmp_path)
         assert not any(tmp_path.iterdir()), "nothing written"
     finally:
         tmp_path.chmod(0o700)
@@ -369,7 +371,7 @@ def test_cpu_capture_lines_up_with_the_timers(captured, tmp_path):
             kids = [k for k in names if parents[k] == name]
             assert sum(rt[k].cpu_ms for k in kids) <= rt[name].cpu_ms, name
         assert any(o.name.startswith("ddtree::verify_attn") for o in capture.runs[run.mode].ops)
-    report.write_all(runs, tmp_path, capture=capture)
+    report.write_all(Measurement.of(runs, capture), tmp_path)
     doc = json.loads((tmp_path / "report.json").read_text())
     jsonschema.validate(doc, REPORT_SCHEMA)
     rows = [r for r in doc["kernels"] if r["name"] == "step/verify"]
@@ -383,10 +385,10 @@ def test_html_shows_device_columns_only_for_a_cuda_capture():
     ops = [OpTime("step/verify", "aten::mm", 3, 1.5, 0.25)]
     for activities in (["cpu"], ["cpu", "cuda"]):
         captures = {m: RunCapture([RangeTime("step", runs[m].num_steps, 2.0, 0.5)], ops, []) for m in runs}
-        page = report.render(runs, "report.html", Capture(activities, captures)).decode()
+        page = report.render(Measurement.of(runs, Capture(activities, captures)), "report.html").decode()
         assert "aten::mm" in page and ("<th>device ms</th>" in page) == ("cuda" in activities)
-        kernels = list(csv.DictReader(io.StringIO(report.render(runs, "kernels.csv", Capture(activities,
-                                                                                               captures)).decode())))
+        kernels = list(csv.DictReader(io.StringIO(report.render(Measurement.of(runs, Capture(activities, captures)),
+                                                                "kernels.csv").decode())))
         step = [r for r in kernels if r["name"] == "step"]
         assert all(r["profiler_cpu_ms"] == "2.0" for r in step)
         assert all(r["device_ms"] == ("0.5" if "cuda" in activities else "") for r in step)

@@ -13,8 +13,10 @@ import pytest
 
 from cli.__main__ import main
 from engine.config import DecodeConfig
+from engine.decoding.request import DecodeRequest
 from engine.decoding.session import decode
 from profiling import report
+from profiling.measurement import Measurement
 from profiling.metrics import run_time_ns, tokens_per_s
 from profiling.repeats import (
     LARGE_SPREAD,
@@ -44,9 +46,10 @@ def test_repeated_runs_summarised(tiny_checkpoint):
     prompt = tiny_checkpoint.prompt.tolist()
     cfg = DecodeConfig(budget=random.randint(2, 30))
     with pytest.raises(ValueError, match="repeats=0"):
-        repeat_runs(tiny_checkpoint, prompt, cfg, 0)
+        repeat_runs(DecodeRequest(tiny_checkpoint, prompt, cfg), 0)
     seen = []
-    repeated = repeat_runs(tiny_checkpoint, prompt, cfg, 3, on_progress=lambda done, total: seen.append((done, total)))
+    repeated = repeat_runs(DecodeRequest(tiny_checkpoint, prompt, cfg), 3,
+                           on_progress=lambda done, total: seen.append((done, total)))
     assert seen == [(1, 3), (2, 3), (3, 3)] and [list(r) for r in repeated] == [["ar", "ddtree"]] * 3
     want = decode(tiny_checkpoint, prompt, cfg, "ar").tokens
     assert all(r[m].tokens == want for r in repeated for m in r), "every repeat decodes the same tokens"
@@ -85,9 +88,9 @@ def test_run_repeats_prints_the_statistics_and_rejects_bad_counts(capsys):
 
 def test_the_reports_carry_the_statistics_of_every_repeat(tiny_checkpoint, tmp_path):
     prompt = tiny_checkpoint.prompt.tolist()
-    repeated = repeat_runs(tiny_checkpoint, prompt, DecodeConfig(budget=random.randint(2, 12)), 3)
+    repeated = repeat_runs(DecodeRequest(tiny_checkpoint, prompt, DecodeConfig(budget=random.randint(2, 12))), 3)
     runs = median_repeat(repeated, "ddtree")
-    report.write_all(runs, tmp_path, repeats=repeat_stats(repeated))
+    report.write_all(Measurement.of(runs, repeats=repeat_stats(repeated)), tmp_path)
     doc = json.loads((tmp_path / "report.json").read_bytes())
     jsonschema.validate(doc, REPORT_SCHEMA)
     assert doc["repeats"]["count"] == 3 and set(doc["repeats"]["modes"]) == {"ar", "ddtree"}

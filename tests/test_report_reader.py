@@ -12,12 +12,14 @@ import pytest
 from recordings import as_json, assert_same_run, record
 
 from engine.config import DecodeConfig
+from engine.decoding.request import DecodeRequest
 from engine.decoding.session import decode_runs
 from engine.drafters import DrafterSpec
 from engine.loaders.loading import load_model
 from engine.loaders.text import TokenizerError
 from profiling import report, report_reader
 from profiling.capture import capture_runs
+from profiling.measurement import Measurement
 from profiling.metrics import summarize_runs, tokens_per_s, top2_gaps
 from profiling.repeats import repeat_stats
 from profiling.replay import Replay
@@ -59,7 +61,7 @@ def test_a_report_reads_back_as_the_records_it_was_written_from(recorded):
     assert rec.environment == json.loads(path.read_bytes())["environment"]
     for name in report.FORMATS:  # re-exported from the recording: the files as written
         if name != "report.html":  # its plotly divs carry fresh random ids
-            assert report.render_data(rec.report_data(), name) == (path.parent / name).read_bytes(), name
+            assert report.render(rec, name) == (path.parent / name).read_bytes(), name
 
 
 def test_a_recordings_logit_gaps_come_from_its_steps(recorded):
@@ -74,9 +76,9 @@ def test_a_recordings_logit_gaps_come_from_its_steps(recorded):
 
 def test_a_capture_and_a_vocabulary_read_back(tiny_checkpoint, tmp_path):
     cfg = DecodeConfig(budget=6, block_size=3, max_new_tokens=6)
-    runs, capture = capture_runs(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, DrafterSpec(noise=0.2),
-                                 ("ddtree",))
-    report.write_all(runs, tmp_path, capture=capture)
+    runs, capture = capture_runs(DecodeRequest(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg,
+                                               DrafterSpec(noise=0.2)))
+    report.write_all(Measurement.of(runs, capture), tmp_path)
     rec = read_report_file(tmp_path / "report.json")
     assert as_json(rec.capture.to_dict()) == as_json(capture.to_dict())
     assert rec.repeats.count == 1 and all(s["n"] == 1 for s in rec.repeats.modes["ddtree"].values()
@@ -94,7 +96,7 @@ def test_a_text_model_report_carries_its_tokens_pieces_and_text(tmp_path):
     ckpt = load_model(ROOT / "models" / "ddtree-py-7m")
     cfg = DecodeConfig(budget=8, block_size=4, max_new_tokens=6)
     runs = decode_runs(ckpt, ckpt.prompt.tolist(), cfg, DrafterSpec(noise=0.2), ("ddtree",))
-    report.write_all(runs, tmp_path)
+    report.write_all(Measurement.of(runs), tmp_path)
     rec = read_report_file(tmp_path / "report.json")
     for mode, run in runs.items():
         assert_same_run(run, rec.runs[mode])

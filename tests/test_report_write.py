@@ -12,6 +12,7 @@ from fake_records import fake_runs
 
 from cli.__main__ import main
 from profiling import report
+from profiling.measurement import Measurement
 
 TINY = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 
@@ -50,7 +51,7 @@ def test_write_all_refuses_a_directory_target_and_changes_nothing(tmp_path, pair
     (tmp_path / "kernels.csv").mkdir()
     before = snapshot(tmp_path)
     with pytest.raises(report.ReportError, match="kernels.csv is a directory"):
-        report.write_all(pair, tmp_path, force=True)
+        report.write_all(Measurement.of(pair), tmp_path, force=True)
     assert snapshot(tmp_path) == before
 
 
@@ -67,7 +68,7 @@ def test_a_disk_that_fills_midway_leaves_the_old_set(tmp_path, pair, monkeypatch
 
     monkeypatch.setattr(report, "_write_temp", fills_up)
     with pytest.raises(OSError, match="No space left"):
-        report.write_all(pair, tmp_path, force=True)
+        report.write_all(Measurement.of(pair), tmp_path, force=True)
     assert snapshot(tmp_path) == before
 
 
@@ -87,22 +88,22 @@ def test_a_rename_that_fails_after_others_puts_the_old_files_back(tmp_path, pair
 
     monkeypatch.setattr(report.os, "replace", fails)
     with pytest.raises(OSError, match="Input/output error"):
-        report.write_all(pair, tmp_path, force=True)
+        report.write_all(Measurement.of(pair), tmp_path, force=True)
     assert snapshot(tmp_path) == before
 
 
 def test_a_failed_write_into_a_new_directory_leaves_no_directory(tmp_path, pair, monkeypatch):
     monkeypatch.setattr(report, "_write_temp", lambda path, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     with pytest.raises(OSError):
-        report.write_all(pair, tmp_path / "new")
+        report.write_all(Measurement.of(pair), tmp_path / "new")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_successful_write_replaces_the_set_and_leaves_nothing_else(tmp_path, pair):
     old = old_set(tmp_path)
-    paths = report.write_all(pair, tmp_path, force=True)
+    paths = report.write_all(Measurement.of(pair), tmp_path, force=True)
     now = snapshot(tmp_path)
     assert sorted(now) == sorted(p.name for p in paths) == sorted(report.FORMATS)
     assert all(now[name] != old[name] for name in now)
     for name in now.keys() - {"report.html"}:  # plotly gives each render of the page new element ids
-        assert now[name] == report.render(pair, name), name
+        assert now[name] == report.render(Measurement.of(pair), name), name

@@ -9,6 +9,7 @@ import pytest
 
 from cli.__main__ import main
 from engine.config import ConfigError, DecodeConfig
+from engine.decoding.request import DecodeRequest
 from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
 from engine.model.target import TargetModel
@@ -31,9 +32,8 @@ def test_rows_match_independent_decodes(tiny_checkpoint, model):
     cfg = DecodeConfig(block_size=block_size, max_new_tokens=rng.randint(8, 24))
     progress = []
     repeats = random.randint(1, 3)
-    rows = budget_sweep(tiny_checkpoint, prompt, cfg, budgets, DrafterSpec(noise=noise, seed=seed),
-                        on_progress=lambda done, total: progress.append((done, total)), model=model,
-                        repeats=repeats)
+    rows = budget_sweep(DecodeRequest(tiny_checkpoint, prompt, cfg, DrafterSpec(noise=noise, seed=seed)), budgets,
+                        repeats, model, on_progress=lambda done, total: progress.append((done, total)))
     assert [r["budget"] for r in rows] == sorted(set(budgets))
     assert progress == [(i + 1, len(rows)) for i in range(len(rows))]
     for row in rows:
@@ -50,7 +50,8 @@ def test_exact_oracle_accepts_whole_blocks_once_the_budget_covers_a_block(tiny_c
     """With the exact oracle the true chain outscores every distractor, so a step accepts min(B, L) tokens."""
     block_size = random.randint(3, 8)
     cfg = DecodeConfig(block_size=block_size, max_new_tokens=len(tiny_checkpoint.golden_tokens))
-    rows = budget_sweep(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, [1, block_size - 1, 64], model=model)
+    rows = budget_sweep(DecodeRequest(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg), [1, block_size - 1, 64],
+                        model=model)
     by_budget = {r["budget"]: r for r in rows}
     generated_by_steps = cfg.max_new_tokens - 1
     for budget, row in by_budget.items():
@@ -75,11 +76,11 @@ def test_parse_budgets_sorts_and_dedupes():
 def test_sweep_refuses_bad_budgets(tiny_checkpoint, model):
     prompt = tiny_checkpoint.prompt.tolist()
     with pytest.raises(ConfigError, match="budget=-3"):
-        budget_sweep(tiny_checkpoint, prompt, DecodeConfig(), [4, -3], model=model)
+        budget_sweep(DecodeRequest(tiny_checkpoint, prompt, DecodeConfig()), [4, -3], model=model)
     with pytest.raises(ValueError, match="no budgets"):
-        budget_sweep(tiny_checkpoint, prompt, DecodeConfig(), [], model=model)
+        budget_sweep(DecodeRequest(tiny_checkpoint, prompt, DecodeConfig()), [], model=model)
     with pytest.raises(ValueError, match="repeats=0"):
-        budget_sweep(tiny_checkpoint, prompt, DecodeConfig(), [4], model=model, repeats=0)
+        budget_sweep(DecodeRequest(tiny_checkpoint, prompt, DecodeConfig()), [4], 0, model)
 
 
 def sweep_rows(medians: list[float], half_width: float, repeats: int = 3) -> list[dict]:

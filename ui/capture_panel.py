@@ -1,18 +1,17 @@
-"""The Profile page's torch.profiler section: a capture taken on request by profiling.capture.capture_runs (as
-`python -m engine run --profile` takes it), kept per tab with the settings it was taken with, and shown range by
-range (profiling.capture_view): device kernels on a GPU, the top CPU ops on the CPU."""
+"""The Profile page's torch.profiler section: a capture taken on request by profiling.measure (as `python -m engine
+run --profile` takes it), kept with the tab's current decode (a recording's is its own, if it was recorded with one),
+and shown range by range (profiling.capture_view): device kernels on a GPU, the top CPU ops on the CPU."""
 from __future__ import annotations
 
 import streamlit as st
 
 from engine.records import MODE_LABELS, RunRecord
 from profiling import capture_view
-from profiling.capture import capture_runs
 from profiling.capture_data import Capture
-from ui import resources, state
-from ui.settings import Settings, checkpoint
+from profiling.measure import measure
+from ui import state
+from ui.current import request_of, target_model
 
-KEY = "profiler_capture"  # (settings, runs, capture): this tab's latest capture and what it was taken with
 MS = st.column_config.NumberColumn(format="%.3f")
 DEVICE_COLUMNS = {"range": "range", "calls": "calls", "host_ms": "host ms", "kernels": "kernels",
                   "device_ms": "device ms (own)", "device_ms_with_children": "device ms (with child ranges)",
@@ -21,24 +20,16 @@ CPU_COLUMNS = {"range": "range", "calls": "calls", "host_ms": "host ms", "op_cal
                "op_ms": "CPU ops ms", "top_op": "top CPU op"}
 
 
-def take(s: Settings) -> None:
+def take() -> None:
     """Decode AR and the settings' modes once more under torch.profiler and keep the capture for this tab."""
-    ckpt = checkpoint(s.model)
+    shown = state.current()
+    s = shown.settings
     names = " and ".join(MODE_LABELS[m] for m in s.modes)
     with st.spinner(f"Capturing AR and {names} with torch.profiler..."):
         try:
-            model = resources.target_model(s.model_id, ckpt, s.device, s.dtype)
-            runs, capture = capture_runs(ckpt, list(s.prompt), s.decode_config(), s.drafter, s.modes, model=model)
+            shown.captured = measure(request_of(s), target_model(s), profile=True)
         except Exception as exc:  # noqa: BLE001 - every engine error becomes a message, never a raw exception
             state.show_error(exc)
-            return
-    st.session_state[KEY] = (s, runs, capture)
-
-
-def current() -> tuple[dict[str, RunRecord], Capture] | None:
-    """The tab's capture when it was taken with the current settings."""
-    kept = st.session_state.get(KEY)
-    return (kept[1], kept[2]) if kept is not None and kept[0] == state.settings() else None
 
 
 def section() -> None:
@@ -48,13 +39,16 @@ def section() -> None:
                "and the idle gaps between consecutive launches (host overhead), which verify_attn kernel and which "
                "tree_build path ran; on the CPU the top CPU ops per range. The profiler's overhead inflates its "
                "timings, so the numbers above come from runs without it.")
-    if st.button("Capture with torch.profiler", help="Decode once more with torch.profiler recording"):
-        take(state.settings())
-    got = current()
+    needs_model = state.needs_model()
+    if st.button("Capture with torch.profiler", disabled=bool(needs_model),
+                 help=needs_model or "Decode once more with torch.profiler recording"):
+        take()
+    got = state.current().captured
     if got is None:
-        st.info("No capture for these settings yet: press **Capture with torch.profiler**.")
+        st.info("No capture for these settings yet: press **Capture with torch.profiler**." if needs_model is None
+                else "The recording holds no torch.profiler capture (`run --profile --report DIR` records one).")
         return
-    show(*got)
+    show(got.runs, got.capture)
 
 
 def show(runs: dict[str, RunRecord], capture: Capture) -> None:

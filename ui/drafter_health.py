@@ -5,9 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from profiling.drafter_health import OK, check_drafter
-from ui import recorded, resources
-from ui.settings import Settings, checkpoint
-from ui.state import show_error
+from ui import state
+from ui.current import request_of, target_model
+from ui.settings import Settings
 
 
 def panel(s: Settings) -> None:
@@ -18,21 +18,20 @@ def panel(s: Settings) -> None:
     st.caption("Integration slips that lower acceptance without changing a token: the target layer ids against "
                "ids shifted by -1 and +1, the mask token's embedding row, the RoPE the drafter uses, the block size "
                "and the target's depth. CLI: `python -m engine drafter-check`.")
-    ss = st.session_state
-    needs_model = recorded.needs_model()
+    shown = state.current()
+    needs_model = shown.needs_model()
     if st.button("Check the drafter", disabled=bool(needs_model), help=needs_model):
         with st.spinner("Decoding the prompt with the drafter and its variants..."):
             try:
-                model = resources.target_model(s.model_id, checkpoint(s.model), s.device, s.dtype)
-                ss.drafter_health = (s, check_drafter(model, list(s.prompt), s.decode_config(), s.drafter.model,
-                                                      s.stepped_mode))
+                request = request_of(s)
+                shown.health = check_drafter(target_model(s), request.prompt, request.config, request.drafter.model,
+                                             request.primary)
             except Exception as exc:  # noqa: BLE001 - shown as a message; the rest of the page still works
-                ss.drafter_health = None
-                show_error(exc)
-    result = ss.get("drafter_health")
-    if result is None or result[0] != s:
+                shown.health = None
+                state.show_error(exc)
+    checks = shown.health
+    if checks is None:
         return
-    checks = result[1]
     warned = [c.name for c in checks if c.verdict != OK]
     if warned:
         st.warning(f"{len(warned)} of {len(checks)} checks warn: {', '.join(warned)}.")

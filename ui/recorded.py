@@ -1,9 +1,9 @@
 """A recording: a report.json (profiling.report_reader) opened in the sidebar in place of the live decode, per tab.
 
-While one is open every page reads it: the Decode page steps through its recorded steps (profiling.replay), the
-Profile, Compare and Report pages read its runs, statistics and capture, and the controls that need the model are
-disabled with needs_model()'s sentence. The live decode stays as it was and is back once the recording is closed;
-a file that does not open leaves everything as it was, with a message saying why.
+While one is open it is the tab's current decode (ui/current.py): the Decode page steps through its recorded steps
+(profiling.replay), the Profile, Compare and Report pages read its Measurement (runs, statistics, capture), and the
+controls that need the model are disabled with Opened.needs_model()'s sentence. The live decode stays as it was and
+is back once the recording is closed; a file that does not open leaves everything as it was, with a message saying why.
 """
 from __future__ import annotations
 
@@ -14,21 +14,40 @@ import streamlit as st
 from engine.drafters import REGISTRY, DrafterSpec
 from engine.records import MODE_LABELS, TREES
 from profiling.replay import Replay
-from profiling.report_reader import Recording, ReportReadError, read_report, read_report_file
+from profiling.report_reader import RecordedVocabulary, Recording, ReportReadError, read_report, read_report_file
+from ui.current import Current
 from ui.settings import Settings
 
 
-@dataclass(slots=True)
-class Opened:
-    """The open recording, the settings it was decoded with, and how far the Decode page has stepped it."""
+@dataclass(slots=True, kw_only=True)
+class Opened(Current):
+    """The open recording as the tab's current decode: its Measurement is the file's, its stepper a Replay."""
 
     recording: Recording
-    settings: Settings
-    replay: Replay
-    reports: dict[str, bytes] | None = None  # its exports, rendered once (the Report page)
 
-    def rewind(self) -> None:
-        self.replay = Replay(self.recording.runs[self.settings.stepped_mode])
+    def tokenizer(self) -> RecordedVocabulary | None:
+        return self.recording.vocabulary
+
+    def start(self) -> Replay:
+        return Replay(self.recording.runs[self.settings.stepped_mode])
+
+    def reset(self) -> None:
+        self.decoder = self.start()
+
+    def stale(self, count: int | None) -> bool:
+        return False  # its repeats were measured where it ran, whatever the count asked
+
+    def needs_model(self) -> str | None:
+        return (f"A recording: its {self.recording.repeats.count} repeat(s) were measured where it ran, and decoding "
+                "again needs the model. Close the recording (sidebar) to decode live.")
+
+
+def opened(recording: Recording) -> Opened:
+    """A recording, ready to show: nothing stepped yet, its own capture (if it was recorded with one)."""
+    shown = Opened(settings_of(recording), measurement=recording, recording=recording,
+                   captured=recording if recording.capture is not None else None)
+    shown.reset()
+    return shown
 
 
 def init() -> None:
@@ -38,15 +57,6 @@ def init() -> None:
 
 def current() -> Opened | None:
     return st.session_state.get("recording")
-
-
-def needs_model() -> str | None:
-    """None live; with a recording open, why a control that decodes is disabled."""
-    opened = current()
-    if opened is None:
-        return None
-    return (f"A recording: its {opened.recording.repeats.count} repeat(s) were measured where it ran, and decoding "
-            "again needs the model. Close the recording (sidebar) to decode live.")
 
 
 def settings_of(recording: Recording) -> Settings:
@@ -68,8 +78,7 @@ def _open(read, *args) -> None:
     except ReportReadError as exc:
         ss.report_error = str(exc)
         return
-    settings = settings_of(recording)
-    ss.recording = Opened(recording, settings, Replay(recording.runs[settings.stepped_mode]))
+    ss.recording = opened(recording)
 
 
 def _on_upload() -> None:

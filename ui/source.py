@@ -1,12 +1,13 @@
-"""Which decode the Profile and Compare pages measure: a fresh measured run (decode_runs) or the decode stepped
-through on the Decode page, its own records (timings and tokens) beside the fresh AR run; while a recording is
-open (ui/recorded.py), its runs alone."""
+"""Which decode the Profile and Compare pages measure: a fresh measured run (the current Measurement) or the decode
+stepped through on the Decode page, its own records (timings and tokens) beside the fresh AR run; while a recording
+is open (ui/recorded.py), its runs alone."""
 from __future__ import annotations
 
 import streamlit as st
 
 from engine.decoding.session import with_text
-from engine.records import MODE_LABELS, RunRecord
+from engine.records import MODE_LABELS
+from profiling.measurement import Measurement
 from ui import recorded, state
 from ui.settings import checkpoint
 
@@ -31,8 +32,8 @@ def pick(key: str) -> str:
     return source
 
 
-def stepped_runs() -> dict[str, RunRecord]:
-    """The fresh AR run and the stepped decode's record, as decode_runs returns runs."""
-    s = state.settings()
-    record = with_text(st.session_state.decoder.record(), checkpoint(s.model))
-    return {"ar": state.runs()["ar"], s.stepped_mode: record}
+def stepped() -> Measurement:
+    """The fresh AR run and the stepped decode's record, measured as one decode (one repeat)."""
+    live = state.current()
+    record = with_text(live.decoder.record(), checkpoint(live.settings.model))
+    return Measurement.of({"ar": state.measured().runs["ar"], live.settings.stepped_mode: record})

@@ -27,8 +27,8 @@ def step_colour(step: int) -> str:
 
 
 def piece_of(tokenizer) -> Callable[[int], str] | None:
-    """token -> display piece by the tokenizer's piece() (engine.loaders.text.Tokenizer, or a recording's vocabulary), None
-    without one; an id the tokenizer does not know shows as <id N>."""
+    """token -> display piece by the tokenizer's piece() (engine.loaders.text.Tokenizer, or a recording's
+    vocabulary), None without one; an id the tokenizer does not know shows as <id N>."""
     if tokenizer is None:
         return None
 

@@ -269,14 +269,18 @@ def validate_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
 
 def check_room(prompt_len: int, cfg: DecodeConfig, model: TargetModel, num_nodes: int) -> int:
     """Cache rows a decode of trees of num_nodes needs; raises if its positions exceed the model's context."""
+    check_positions(prompt_len, cfg, model.cfg.max_position_embeddings)
+    return prompt_len + cfg.max_new_tokens + cfg.block_size + num_nodes
+
+
+def check_positions(prompt_len: int, cfg: DecodeConfig, limit: int) -> None:
+    """Raises if a decode of cfg after a prompt of prompt_len tokens needs more than `limit` positions."""
     last_position = prompt_len + cfg.max_new_tokens + cfg.block_size
-    limit = model.cfg.max_position_embeddings
     if last_position > limit:
         raise DecodeError(
             f"prompt of {prompt_len} tokens + max_new_tokens {cfg.max_new_tokens} + block_size {cfg.block_size} "
             f"needs {last_position} positions, more than the cache's {limit} (max_position_embeddings): "
             "shorten the prompt or lower max_new_tokens")
-    return prompt_len + cfg.max_new_tokens + cfg.block_size + num_nodes
 
 
 def check_hidden_layers(drafter: Drafter, model: TargetModel) -> tuple[int, ...]:

@@ -1,5 +1,5 @@
-"""Entry points shared by the CLI, the dashboard and the tests: build a decoder, run a decode, run AR and the
-speculative modes side by side, parse a typed prompt."""
+"""Entry points shared by the CLI, the dashboard and the tests: build a decoder, run a decode, run a DecodeRequest
+(AR, then the speculative modes side by side: the one loop every measurement wraps), parse a typed prompt."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,14 +9,13 @@ from collections.abc import Callable, Sequence
 from engine.config import DecodeConfig
 from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, DecodeError, Decoder, check_room, validate_prompt
+from engine.decoding.request import ORACLE, DecodeRequest
 from engine.drafters import DrafterSpec, DraftTarget, build_drafter
 from engine.loaders.checkpoint import Checkpoint
 from engine.model.parallel import current_shard
 from engine.model.target import TargetModel
 from engine.records import MODES, RunRecord, StepRecord
 from engine.timers import StepTimer
-
-ORACLE = DrafterSpec()
 
 
 def parse_prompt(text: str, vocab_size: int) -> list[int]:
@@ -29,7 +28,8 @@ def parse_prompt(text: str, vocab_size: int) -> list[int]:
 
 
 def load_target(ckpt: Checkpoint, cfg: DecodeConfig) -> TargetModel:
-    """The target on cfg's device and dtype: this rank's part of it when a process group is up (engine/model/parallel.py)."""
+    """The target on cfg's device and dtype: this rank's part of it when a process group is up
+    (engine/model/parallel.py)."""
     return TargetModel.from_checkpoint(ckpt, cfg.device, cfg.dtype, shard=current_shard())
 
 
@@ -102,33 +102,48 @@ def with_text(run: RunRecord, ckpt: Checkpoint) -> RunRecord:
     return run
 
 
-def warm_up(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, model: TargetModel,
-            drafter: DrafterSpec = ORACLE, modes: Sequence[str] = ("ddtree",)) -> None:
+def warm_up(request: DecodeRequest, model: TargetModel) -> None:
     """Two untimed steps of AR and each mode, so one-time costs (library handles, first-touch allocations)
     stay out of the numbers of the runs that follow."""
+    cfg = request.config
     short = dataclasses.replace(cfg, max_new_tokens=min(cfg.max_new_tokens, 2))
-    for mode in ("ar", *modes):
-        make_decoder(ckpt, prompt, short, mode, drafter, model=model).run()
+    for mode in ("ar", *request.modes):
+        make_decoder(request.checkpoint, request.prompt, short, mode, request.drafter, model=model).run()
+
+
+Build = Callable[[StepTimer], Decoder]  # a prefilled decoder of one mode, timed by the given timer
+Runner = Callable[[str, Build], RunRecord]  # takes one run of a mode: builds its decoder and runs it to the end
+
+
+def timed_runner(device: str, profile_timers: bool = True,
+                 on_step: Callable[[StepRecord], None] | None = None) -> Runner:
+    """Each run with its own StepTimer (disabled unless profile_timers); on_step sees every step."""
+    return lambda mode, build: build(StepTimer(device, enabled=profile_timers)).run(on_step)
+
+
+def decode_request(request: DecodeRequest, model: TargetModel | None = None, runner: Runner | None = None,
+                   warmup: bool = True, profile_timers: bool = True,
+                   on_step: Callable[[StepRecord], None] | None = None) -> dict[str, RunRecord]:
+    """AR, then each of the request's speculative modes with its drafter, on one model (`model`, else loaded), after
+    warm_up unless warmup=False. `runner` takes each run (default: timed_runner; the profiler capture and the repeats
+    wrap this loop through it). Returns the runs by mode, AR first, with their text."""
+    ckpt, prompt, cfg = request.checkpoint, request.prompt, request.config
+    model = model or load_target(ckpt, cfg)
+    if warmup:
+        warm_up(request, model)
+    runner = runner or timed_runner(model.device, profile_timers, on_step)
+    runs = {"ar": runner("ar", lambda timer: ARDecoder(model, prompt, cfg, timer))}
+    known = golden_for(ckpt, prompt, cfg) or runs["ar"].tokens
+    for mode in request.modes:
+        runs[mode] = runner(mode, lambda timer, mode=mode: make_decoder(ckpt, prompt, cfg, mode, request.drafter,
+                                                                        timer, model, known))
+    return {mode: with_text(run, ckpt) for mode, run in runs.items()}
 
 
 def decode_runs(ckpt: Checkpoint, prompt: Sequence[int], cfg: DecodeConfig, drafter: DrafterSpec = ORACLE,
                 modes: Sequence[str] = ("ddtree",), profile_timers: bool = True,
                 on_step: Callable[[StepRecord], None] | None = None, model: TargetModel | None = None,
                 warmup: bool = True) -> dict[str, RunRecord]:
-    """AR, then each speculative mode ("chain", "ddtree") with the same drafter, on the same prompt, config and
-    model (after warm_up, unless warmup=False). Returns the runs by mode, AR first; on_step sees every step."""
-    modes = [m for m in MODES if m in modes and m != "ar"]
-    if not modes:
-        raise DecodeError("decode_runs needs at least one speculative mode: 'chain' or 'ddtree'")
-    model = model or load_target(ckpt, cfg)
-    if warmup:
-        warm_up(ckpt, prompt, cfg, model, drafter, modes)
-
-    def timer() -> StepTimer:
-        return StepTimer(model.device, enabled=profile_timers)
-
-    runs = {"ar": ARDecoder(model, prompt, cfg, timer()).run(on_step)}
-    known = golden_for(ckpt, prompt, cfg) or runs["ar"].tokens
-    for mode in modes:
-        runs[mode] = make_decoder(ckpt, prompt, cfg, mode, drafter, timer(), model, known).run(on_step)
-    return {mode: with_text(run, ckpt) for mode, run in runs.items()}
+    """decode_request of DecodeRequest(ckpt, prompt, cfg, drafter, modes), for callers that hold the parts."""
+    return decode_request(DecodeRequest(ckpt, tuple(prompt), cfg, drafter, tuple(modes)), model,
+                          warmup=warmup, profile_timers=profile_timers, on_step=on_step)
