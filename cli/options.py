@@ -9,8 +9,7 @@ import pathlib
 
 import torch
 
-from engine.config import ConfigError, DecodeConfig
-from engine.decoding.budget import DEFAULT_MAX
+from engine.config import AUTO_BUDGET_MAX, ConfigError, DecodeConfig
 from engine.decoding.decoder import validate_prompt
 from engine.decoding.session import parse_prompt
 from engine.drafters import REGISTRY, DrafterSpec
@@ -87,12 +86,12 @@ class AutoBudget:
 
 
 def budget_arg(text: str) -> int | AutoBudget:
-    """--budget's value: B, `auto` (up to DEFAULT_MAX) or `auto:MAX`."""
+    """--budget's value: B, `auto` (up to AUTO_BUDGET_MAX) or `auto:MAX`."""
     head, _, tail = text.partition(":")
     if head == "auto":
         if tail and not tail.isdigit():
             raise argparse.ArgumentTypeError(f"{text!r}: expected auto or auto:MAX with MAX a whole number")
-        return AutoBudget(int(tail) if tail else DEFAULT_MAX)
+        return AutoBudget(int(tail) if tail else AUTO_BUDGET_MAX)
     try:
         return int(text)
     except ValueError:

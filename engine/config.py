@@ -15,6 +15,8 @@ from engine.loaders import strict_json
 from engine.settings import ConfigError, Setting, check_fields, option
 
 MAX_BUDGET = 1024
+AUTO_BUDGET_MAX = 256  # --budget auto's largest tree when auto:MAX does not say
+BUDGET_BUCKETS = (0, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # the budgets --budget auto chooses among (up to MAX)
 MAX_NEW_TOKENS = 1 << 20  # a bound before anything is sized from it; the context is checked per model
 MAX_TEMPERATURE = 100.0
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 2, 32
@@ -23,6 +25,11 @@ DTYPES = ("float32", "bfloat16")
 SCORING_FUNCS = ("sigmoid", "softmax")
 DECODE, SAMPLING = "Decode", "Sampling"  # the sidebar's sections
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: fixed in DeepSeek-V3 and transformers, not rms_norm_eps
+
+
+def buckets_up_to(maximum: int) -> tuple[int, ...]:
+    """The budgets --budget auto:maximum chooses among: BUDGET_BUCKETS below maximum, and maximum itself."""
+    return tuple(sorted({b for b in BUDGET_BUCKETS if b < maximum} | {maximum}))
 
 
 def _check(cond: bool, name: str, value: Any, allowed: str) -> None:

@@ -16,10 +16,8 @@ divergence in the batch-invariant mode, which computes each row exactly as AR do
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from engine.config import DecodeConfig
-from engine.decoding.sampling import filtered_logits, uniforms
 from engine.records import RunRecord
 
 NEAR_TIE = "numerics near tie"
@@ -31,9 +29,14 @@ def ar_scores(ar: RunRecord, position: int) -> np.ndarray:
     """What AR's pick maximised at generated position `position`: its logits (greedy), or its filtered logits
     / T plus the keyed Gumbel noise (sampled)."""
     cfg = DecodeConfig(**ar.decode)
-    row = torch.from_numpy(np.asarray(ar.logits[position], dtype=np.float32))[None]
+    logits = np.asarray(ar.logits[position], dtype=np.float32)
     if cfg.temperature == 0.0:
-        return row[0].double().numpy()
+        return logits.astype(np.float64)
+    import torch  # the sampler's noise, as the decode drew it: only a sampled run needs torch here
+
+    from engine.decoding.sampling import filtered_logits, uniforms
+
+    row = torch.from_numpy(logits)[None]
     noise = uniforms(cfg.seed, torch.tensor([len(ar.prompt) + position]), row.shape[1])
     return (filtered_logits(row, cfg) - torch.log(-torch.log(noise)))[0].double().numpy()
 

@@ -5,8 +5,6 @@ import pathlib
 import platform
 import subprocess
 
-import torch
-
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -31,12 +29,16 @@ def git_dirty(root: pathlib.Path = REPO_ROOT) -> bool | None:
 
 def device_name(device: str) -> str:
     """The GPU's name for a CUDA run, else the host CPU's."""
+    import torch  # this process's device: a recording read from a file brings its own environment
+
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
     return platform.processor() or platform.machine() or "cpu"
 
 
 def environment(device: str) -> dict:
+    import torch
+
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,  # None for a CPU-only build of torch

@@ -16,7 +16,8 @@ from profiling.repeats import RANGE_COLUMNS, kernel_rows
 STEP_COLUMNS = ("mode", "step", "prefix_len", "num_nodes", "num_drafted", "num_accepted", "expected_accepted",
                 "draft_expected", "num_committed", "committed", "committed_text", "bonus", "experts_touched",
                 "expert_bytes", "wall_ms", "step_ms",
-                *(f"{s}_ms" for s in STAGES), "other_ms")
+                *(f"{s}_ms" for s in STAGES), "other_ms", "auto_budget", "auto_drafted", "auto_expected_accepted",
+                "auto_predicted_ms")
 KERNEL_COLUMNS = ("mode", "name", "parent", "depth", "leaf", "count", "total_ms", "mean_ms", "p50_ms", "p95_ms",
                   "self_ms", "share", "profiler_cpu_ms", "device_ms", *RANGE_COLUMNS)
 
@@ -46,7 +47,19 @@ def step_row(step: StepRecord) -> dict:
         "wall_ms": step.wall_ns / 1e6, "step_ms": step_ns / 1e6 if step_ns is not None else None,
         **{f"{s}_ms": stages[s] / 1e6 if s in stages else None for s in STAGES},
         "other_ms": (step_ns - sum(known)) / 1e6 if step_ns is not None else None,
+        **_budget_cells(step),
     }
+
+
+def _budget_cells(step: StepRecord) -> dict:
+    """--budget auto's choice at the step: the best bucket, whether it drafted, and that bucket's expected accepted
+    drafted tokens and predicted step time (empty under a fixed budget)."""
+    choice = step.budget
+    if choice is None:
+        return dict.fromkeys(("auto_budget", "auto_drafted", "auto_expected_accepted", "auto_predicted_ms"))
+    i = choice.buckets.index(choice.chosen)
+    return {"auto_budget": choice.chosen, "auto_drafted": int(choice.drafted),
+            "auto_expected_accepted": choice.expected[i], "auto_predicted_ms": choice.cost_s[i] * 1e3}
 
 
 def render_steps(runs: dict[str, RunRecord]) -> bytes:

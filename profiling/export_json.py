@@ -6,6 +6,7 @@ profiling/schema.py (REPORT_SCHEMA, version SCHEMA_VERSION).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -42,6 +43,7 @@ def step_dict(step: StepRecord) -> dict:
         "experts": None if step.experts is None else {
             "touched": list(step.experts.touched), "bytes_per_expert": step.experts.bytes_per_expert,
             "bytes_read": step.experts.bytes_read},
+        "budget": None if step.budget is None else dataclasses.asdict(step.budget),
     }
 
 

@@ -6,12 +6,29 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.decoding.request import DecodeRequest
+from engine.decoding.session import decode_request, load_target
 from engine.model.parallel import current_shard, gather_to_leader
 from engine.model.target import TargetModel
-from engine.records import StepRecord
+from engine.records import RunRecord, StepRecord
 from profiling.capture import capture_runs
 from profiling.measurement import Measurement
-from profiling.repeats import median_repeat, repeat_runs, repeat_stats
+from profiling.repeats import median_repeat, repeat_stats
+
+
+def repeat_runs(request: DecodeRequest, repeats: int, model: TargetModel | None = None,
+                on_step: Callable[[StepRecord], None] | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> list[dict[str, RunRecord]]:
+    """decode_request `repeats` times on one model (`model`, else loaded once), the warm-up before the first only;
+    on_step sees every step, on_progress(done, total) follows each repeat."""
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
+    model = model or load_target(request.checkpoint, request.config)
+    out = []
+    for i in range(repeats):
+        out.append(decode_request(request, model, warmup=i == 0, on_step=on_step))
+        if on_progress is not None:
+            on_progress(i + 1, repeats)
+    return out
 
 
 def check_plan(repeats: int, profile: bool) -> None:

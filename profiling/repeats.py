@@ -14,15 +14,12 @@ a report holds the runs of one repeat, so the spread over all of them travels be
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from engine.decoding.request import DecodeRequest
-from engine.decoding.session import decode_request, load_target
-from engine.model.target import TargetModel
-from engine.records import RunRecord, StepRecord
+from engine.records import RunRecord
 from profiling.capture_data import Capture
 from profiling.metrics import kernel_table, run_time_ns, tokens_per_s
 
@@ -51,22 +48,6 @@ def relative_spread(s: dict) -> float | None:
 def inter_token_ms(run: RunRecord) -> list[float]:
     """The gaps between token deliveries: each step's wall time (ms), in order."""
     return [step.wall_ns / 1e6 for step in run.steps]
-
-
-def repeat_runs(request: DecodeRequest, repeats: int, model: TargetModel | None = None,
-                on_step: Callable[[StepRecord], None] | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> list[dict[str, RunRecord]]:
-    """decode_request `repeats` times on one model (`model`, else loaded once), the warm-up before the first only;
-    on_step sees every step, on_progress(done, total) follows each repeat."""
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
-    model = model or load_target(request.checkpoint, request.config)
-    out = []
-    for i in range(repeats):
-        out.append(decode_request(request, model, warmup=i == 0, on_step=on_step))
-        if on_progress is not None:
-            on_progress(i + 1, repeats)
-    return out
 
 
 def summarize_repeats(repeated: list[dict[str, RunRecord]]) -> dict[str, dict]:

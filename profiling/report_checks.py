@@ -13,11 +13,16 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from engine.config import ConfigError, DecodeConfig, ModelConfig
-from engine.drafters import REGISTRY, DrafterSpec
+from engine.config import ConfigError, DecodeConfig, ModelConfig, buckets_up_to
 from engine.records import MODES
 from profiling.repeats import RANGE_COLUMNS, STAT_FIELDS
+
+if TYPE_CHECKING:
+    from engine.drafters import DrafterSpec
+
+LATER_DECODE_FIELDS = {"auto_budget"}  # added after schema 2's first reports: absent there, their default applies
 
 
 class ReportCheckError(ValueError):
@@ -45,14 +50,17 @@ class Config:
 
 
 def check_config(doc: dict) -> Config:
+    from engine.drafters import REGISTRY, DrafterSpec  # the drafters load torch: only a document's drafter needs them
+
     config = doc["config"]
     try:
         model = ModelConfig.from_dict(config["model"])
     except (ConfigError, TypeError) as exc:
         raise ReportCheckError(f"config.model: {exc}") from None
     fields = {f.name for f in dataclasses.fields(DecodeConfig)}
-    require(set(config["decode"]) == fields, "config.decode", f"has fields {sorted(config['decode'])}, a decode config "
-                                                              f"{sorted(fields)}")
+    given = set(config["decode"])
+    require(given <= fields and fields - given <= LATER_DECODE_FIELDS, "config.decode",
+            f"has fields {sorted(given)}, a decode config {sorted(fields)}")
     try:
         decode = DecodeConfig(**config["decode"])
     except (ConfigError, TypeError) as exc:
@@ -118,6 +126,15 @@ def check_step(step: dict, index: int, prefix_len: int, cfg: Config, where: str)
     """One step against its mode's tree size and the acceptance rule; prefix_len: where the previous step left."""
     decode, vocab = cfg.decode, cfg.model.vocab_size
     size = tree_size(step["mode"], decode)
+    if step["mode"] == "ddtree" and decode.auto_budget:  # each step verifies a truncation at a budget bucket
+        size = len(step["tree"]["tokens"])
+        require(size - 1 in buckets_up_to(decode.budget), f"{where}.tree",
+                f"has {size} nodes; an auto-budget step verifies 1 + one of {buckets_up_to(decode.budget)}")
+        choice = step.get("budget")
+        require(choice is not None, f"{where}.budget", "is missing: an auto-budget step records its choice")
+        lengths = {len(choice[k]) for k in ("expected", "cost_s", "value")}
+        require(lengths == {len(choice["buckets"])} and choice["chosen"] in choice["buckets"], f"{where}.budget",
+                "its curves do not cover its buckets, or it chose a bucket it does not list")
     require(step["index"] == index, f"{where}.index", f"{step['index']}, but it is {step['mode']} step {index}")
     require(step["prefix_len"] == prefix_len, f"{where}.prefix_len",
             f"{step['prefix_len']}, but the prompt and the steps before it leave the cache at {prefix_len}")

@@ -26,7 +26,7 @@ import numpy as np
 
 from engine.loaders import strict_json
 from engine.loaders.text import TokenizerError
-from engine.records import ExpertTraffic, NodeProbs, RunRecord, StepRecord, TreeRecord
+from engine.records import BudgetChoice, ExpertTraffic, NodeProbs, RunRecord, StepRecord, TreeRecord
 from profiling import report_checks
 from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
 from profiling.measurement import Measurement
@@ -187,7 +187,7 @@ def _tree(t: dict) -> TreeRecord:
 
 
 def _step(s: dict) -> StepRecord:
-    probs, experts = s["probs"], s.get("experts")
+    probs, experts, budget = s["probs"], s.get("experts"), s.get("budget")
     return StepRecord(
         index=s["index"], mode=s["mode"], prefix_len=s["prefix_len"], tree=_tree(s["tree"]), target=list(s["target"]),
         logit_gap=[float(g) for g in s["logit_gap"]], path=list(s["path"]), bonus=s["bonus"],
@@ -197,7 +197,8 @@ def _step(s: dict) -> StepRecord:
             target=[float(x) for x in probs["target"]], draft=[float(x) for x in probs["draft"]],
             move_on=[float(x) for x in probs["move_on"]], expected_accepted=float(probs["expected_accepted"]),
             draft_expected=float(probs["draft_expected"])),
-        experts=None if experts is None else ExpertTraffic(list(experts["touched"]), experts["bytes_per_expert"]))
+        experts=None if experts is None else ExpertTraffic(list(experts["touched"]), experts["bytes_per_expert"]),
+        budget=None if budget is None else BudgetChoice(**budget))
 
 
 def _run(doc: dict, mode: str) -> RunRecord:

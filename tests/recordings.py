@@ -11,8 +11,9 @@ import numpy as np
 from engine.decoding.request import DecodeRequest
 from engine.records import RunRecord, StepRecord, TreeRecord
 from profiling import report
+from profiling.measure import repeat_runs
 from profiling.measurement import Measurement
-from profiling.repeats import median_repeat, repeat_runs, repeat_stats
+from profiling.repeats import median_repeat, repeat_stats
 
 
 def record(ckpt, out_dir: pathlib.Path, cfg, drafter, modes, repeats: int):

@@ -15,11 +15,10 @@ from test_decode import check_step_invariants
 
 from cli import options as opts
 from cli.__main__ import main
-from engine.config import DecodeConfig
+from engine.config import DecodeConfig, buckets_up_to
 from engine.decoding.auto_budget import AutoBudgetDecoder, truncate
 from engine.decoding.budget import (
     CostTable,
-    buckets_up_to,
     choose,
     confidence_prior,
     expected_accepted,

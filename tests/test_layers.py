@@ -153,7 +153,9 @@ def test_the_checker_catches_an_arrow_that_comes_back(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["engine.records", "engine.config", "profiling.report_reader"])
-def test_reading_records_and_reports_needs_no_torch(module):
+def test_importing_records_and_the_report_reader_needs_no_torch(module):
+    """The records, the configs and the report reader import without torch (checking a recording's drafter settings
+    loads the drafter registry, which does)."""
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -16,6 +16,7 @@ from engine.config import DecodeConfig
 from engine.decoding.request import DecodeRequest
 from engine.decoding.session import decode
 from profiling import report
+from profiling.measure import repeat_runs
 from profiling.measurement import Measurement
 from profiling.metrics import run_time_ns, tokens_per_s
 from profiling.repeats import (
@@ -24,7 +25,6 @@ from profiling.repeats import (
     median_repeat,
     range_stats,
     relative_spread,
-    repeat_runs,
     repeat_stats,
     stats,
     summarize_repeats,

@@ -21,11 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.config import DecodeConfig
+from engine.config import DecodeConfig, buckets_up_to
 from engine.decoding.budget import (
     Choice,
     CostTable,
-    buckets_up_to,
     choose,
     confidence_prior,
     expected_accepted,

@@ -18,16 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_MAX = 256
-BUCKETS = (0, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # budgets with a captured step each; MAX is the last used
 COST_SMOOTHING = 0.2  # the weight of a new step time in its bucket's running cost
 PRIOR_TRIALS = 1.0  # pseudo-trials of ratio 1 behind each confidence factor before the run has evidence
 RANK_CLASSES = 2  # confidence is corrected apart for the drafter's top token at a depth (rank 0) and the others
-
-
-def buckets_up_to(maximum: int) -> tuple[int, ...]:
-    """The budget buckets the policy chooses among: BUCKETS below maximum, and maximum itself."""
-    return tuple(sorted({b for b in BUCKETS if b < maximum} | {maximum}))
 
 
 def path_sums(values: torch.Tensor, parents: torch.Tensor, num_depths: int) -> torch.Tensor:
