@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from engine.config import DecodeConfig
 from engine.drafters import REGISTRY, DrafterSpec
 from engine.records import MODE_LABELS, TREES
 from profiling.replay import Replay
@@ -67,7 +68,8 @@ def settings_of(recording: Recording) -> Settings:
     modes = tuple(m for m in recording.runs if m != "ar")
     tree = next(name for name, value in TREES.items() if value == modes)
     return Settings(model=f"{recording.name} (recorded)", model_id=f"recording:{recording.digest}",
-                    prompt=tuple(run.prompt), drafter=spec, tree=tree, **run.decode)
+                    prompt=tuple(run.prompt), drafter=spec, tree=tree,
+                    **DecodeConfig(**run.decode).to_dict())  # fields added later take their defaults
 
 
 def _open(read, *args) -> None:
@@ -139,7 +141,8 @@ def banner() -> None:
     st.info(f"**A recording**, not a live decode: {rec.name} ({rec.size / 1e6:.1f} MB, SHA-256 {rec.digest[:12]}), "
             f"recorded on {env['device_name']} ({env['device']}, torch {env['torch']}{cuda}, Python {env['python']}, "
             f"{env['platform']}) at commit {commit}{dirty}. Model: {_model_line(rec.runs['ar'].model)}. Settings: "
-            f"{modes}; {s.drafter.label()} drafter; B = {s.budget}, block size {s.block_size}, {s.max_new_tokens} new "
+            f"{modes}; {s.drafter.label()} drafter; B = {s.decode_config().budget_label}, block size {s.block_size}, "
+            f"{s.max_new_tokens} new "
             f"tokens, {s.decode_config().sampling}, {s.device} {s.dtype}"
             f"{', batch-invariant' if s.batch_invariant else ''}; {rec.repeats.count} repeat(s). Step replays its "
             "recorded steps; close it in the sidebar to decode live.")

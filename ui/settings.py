@@ -34,6 +34,7 @@ class Settings:
     drafter: DrafterSpec
     tree: str  # an engine.records.TREES key: which speculative modes run beside AR
     budget: int
+    auto_budget: bool
     block_size: int
     max_new_tokens: int
     device: str
