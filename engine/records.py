@@ -64,8 +64,9 @@ class ExpertTraffic:
 class BudgetChoice:
     """What `--budget auto` decided at one step (engine/decoding/budget.py): the budget buckets it chose among,
     the expected accepted drafted tokens and the predicted step seconds at each, their ratio (expected tokens per
-    second), and the confidence correction it applied per depth and rank class. drafted=False: an AR step taken without a draft
-    (the policy backs off from a drafter whose trees do not pay); its curves are the last drafted step's."""
+    second), and the confidence correction it applied per depth and rank class. drafted=False: an AR step taken
+    without a draft (the policy backs off from a drafter whose trees do not pay); its curves are the last drafted
+    step's."""
 
     chosen: int  # the best bucket; 0 starts a back-off, and that drafted step still verifies the smallest tree
     drafted: bool

@@ -1,4 +1,4 @@
-"""engine.training.corpus: the standard-library corpus, its stable hash split, directory corpora, and held-out prompts."""
+"""engine.training.corpus: the standard-library corpus, its stable hash split, directory corpora, held-out prompts."""
 from __future__ import annotations
 
 import hashlib

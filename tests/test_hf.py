@@ -1,8 +1,8 @@
 """Hugging Face import, cross-checked against transformers' DeepseekV3ForCausalLM on tiny random models.
 
 Each config is built with transformers, given larger random weights (peaked logits) and a non-zero
-e_score_correction_bias, saved with save_pretrained, and loaded by engine.loaders.hf_import. Then: our numpy reference vs
-transformers in float64, our torch model vs transformers in float32, and greedy tokens of transformers'
+e_score_correction_bias, saved with save_pretrained, and loaded by engine.loaders.hf_import. Then: our numpy
+reference vs transformers in float64, our torch model vs transformers in float32, and greedy tokens of transformers'
 generate vs our AR and our DDTree decoders.
 """
 from __future__ import annotations

@@ -88,8 +88,8 @@ def test_sparse_equals_dense_and_a_per_token_loop(dtype):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_each_ranks_experts_sum_to_the_whole_layer(world):
-    """Expert parallelism (engine/model/parallel.py): the ranks' outputs over their own experts (local_routing) add up to
-    the whole layer's, in every path (a skipped assignment's row is never computed and adds nothing)."""
+    """Expert parallelism (engine/model/parallel.py): the ranks' outputs over their own experts (local_routing) add up
+    to the whole layer's, in every path (a skipped assignment's row is never computed and adds nothing)."""
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     num, hidden, inter = world * int(torch.randint(1, 6, (), generator=gen)), 16, 8
     k = int(torch.randint(1, min(num, 4) + 1, (), generator=gen))

@@ -137,8 +137,8 @@ def default_path(device: torch.device, dtype: torch.dtype, cfg: ModelConfig) -> 
 
 def local_routing(idx: torch.Tensor, weights: torch.Tensor, first: int, num_local: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """route()'s choice seen by a rank that holds experts first..first + num_local - 1 (engine/model/parallel.py): ids made
-    local, another rank's expert marked num_local ("not here") with weight zero."""
+    """route()'s choice seen by a rank that holds experts first..first + num_local - 1 (engine/model/parallel.py):
+    ids made local, another rank's expert marked num_local ("not here") with weight zero."""
     local = idx - first
     here = (local >= 0) & (local < num_local)
     return torch.where(here, local, num_local), torch.where(here, weights, 0.0)

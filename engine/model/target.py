@@ -3,8 +3,8 @@
 Attention never materialises per-head K or V: q_nope is absorbed into the latent space through W_UK,
 ddtree.verify_attn attends over (c, rope(k_pe)) rows, and W_UV maps the latent output back per head.
 The same forward serves prefill (causal block), AR (one node) and tree verify (visibility mask).
-MoE runs each token through its top-k routed experts only, as grouped GEMMs with static shapes (engine/model/moe.py), so a
-step needs no host sync and can be captured in a CUDA graph; every forward counts the experts its rows chose.
+MoE runs each token through its top-k routed experts only, as grouped GEMMs with static shapes (engine/model/moe.py),
+so a step needs no host sync and can be captured in a CUDA graph; every forward counts the experts its rows chose.
 """
 from __future__ import annotations
 
