@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import pathlib
+import sys
 
 import torch
 
@@ -16,6 +17,7 @@ from engine.drafters import REGISTRY, DrafterSpec
 from engine.loaders.checkpoint import Checkpoint
 from engine.loaders.dflash_checkpoint import dflash_dir_beside
 from engine.loaders.loading import load_model
+from engine.loaders.prompt_text import PromptTextError, line_break_note, read_prompt_file
 from engine.loaders.shipped import DEFAULT_MODEL
 from engine.records import TREES
 from engine.settings import Option, options_of
@@ -34,7 +36,11 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="prompt token ids, comma or space separated (default: the checkpoint's "
                                          "prompt)")
-    prompt.add_argument("--prompt-text", help="the prompt as text, encoded with the model's tokenizer.json")
+    prompt.add_argument("--prompt-text", help="the prompt as text, encoded with the model's tokenizer.json (a shell "
+                                              "passes \\n as two characters: use $'...' quoting or --prompt-file)")
+    prompt.add_argument("--prompt-file", metavar="PATH", help="the prompt as text, read from a UTF-8 file")
+    prompt.add_argument("--prompt-index", type=int, metavar="N", help="the model's own example prompt N (prompts.json, "
+                                                                     "0-based: its held-out prompts)")
 
 
 def add_drafter_args(p: argparse.ArgumentParser) -> None:
@@ -114,15 +120,35 @@ def load_checkpoint(args: argparse.Namespace) -> Checkpoint:
 def pick_prompt(args: argparse.Namespace, ckpt: Checkpoint) -> list[int]:
     if args.prompt is not None:
         return parse_prompt(args.prompt, ckpt.config.vocab_size)
-    if args.prompt_text is not None:
+    text, flag = prompt_text(args, ckpt)
+    if text is not None:
         if ckpt.tokenizer is None:
-            raise CliError(f"--prompt-text: {ckpt.source} has no tokenizer.json; pass token ids with --prompt")
-        if not args.prompt_text:
-            raise CliError("--prompt-text is empty: give some text, or token ids with --prompt")
-        return validate_prompt(ckpt.tokenizer.encode(args.prompt_text), ckpt.config.vocab_size)
+            raise CliError(f"{flag}: {ckpt.source} has no tokenizer.json; pass token ids with --prompt")
+        if not text:
+            raise CliError(f"{flag}: the prompt text is empty: give some text, or token ids with --prompt")
+        note = line_break_note(text)
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
+        return validate_prompt(ckpt.tokenizer.encode(text), ckpt.config.vocab_size)
     if ckpt.prompt is None:
         raise CliError(f"{ckpt.source} has no prompt of its own: pass --prompt with token ids, e.g. --prompt 1,2,3")
     return ckpt.prompt.tolist()
+
+
+def prompt_text(args: argparse.Namespace, ckpt: Checkpoint) -> tuple[str | None, str]:
+    """The text prompt the options give (None: none) and the flag that gave it."""
+    if getattr(args, "prompt_file", None) is not None:
+        try:
+            return read_prompt_file(args.prompt_file), "--prompt-file"
+        except PromptTextError as exc:
+            raise CliError(f"--prompt-file {exc}") from None
+    if getattr(args, "prompt_index", None) is not None:
+        texts = ckpt.prompt_texts
+        if not 0 <= args.prompt_index < len(texts):
+            raise CliError(f"--prompt-index {args.prompt_index}: {ckpt.source} has {len(texts)} example prompts "
+                           f"(prompts.json){f'; give 0..{len(texts) - 1}' if texts else ''}")
+        return texts[args.prompt_index], "--prompt-index"
+    return args.prompt_text, "--prompt-text"
 
 
 def decode_config(args: argparse.Namespace, ckpt: Checkpoint, prompt: list[int]) -> DecodeConfig:

@@ -6,6 +6,7 @@ import streamlit as st
 
 from engine.decoding.session import parse_prompt
 from engine.loaders.checkpoint import Checkpoint
+from engine.loaders.prompt_text import line_break_note
 
 TEXT, FIXTURE, IDS = "text", "fixture prompt", "token ids"
 
@@ -51,6 +52,9 @@ def widget(model: str, ckpt: Checkpoint) -> tuple[int, ...] | None:
         if not text:
             st.error("Prompt: the text is empty: type some text or pick an example prompt")
             return None
+        note = line_break_note(text)
+        if note:
+            st.warning(f"Prompt: {note}")
         ids = tokenizer.encode(text)
         st.caption(f"{len(ids)} tokens: {', '.join(map(str, ids[:24]))}{', ...' if len(ids) > 24 else ''}")
         return tuple(ids)
