@@ -63,3 +63,65 @@ def test_prompts_and_tokenizer_links_out_of_the_directory_are_refused(model_dir,
         (linked / name).symlink_to(outside if target == "outside" else target)
         with pytest.raises(ValueError, match="outside the model directory"):
             load_model(linked)
+
+
+def test_ids_past_a_smaller_tokenizer_show_as_markers_and_the_run_completes(model_dir, tmp_path, capsys):
+    from cli.__main__ import main
+
+    ckpt = load_model(model_dir)
+    tokenizer = ckpt.tokenizer
+    assert tokenizer.vocab_size < ckpt.config.vocab_size
+    past = ckpt.config.vocab_size - 1
+    assert tokenizer.decode([tokenizer.encode("def")[0], past]) == f"def<id {past}>"
+    assert tokenizer.piece(past) == f"<id {past}>" and tokenizer.token_bytes(past) == b""
+    code = main(["run", "--model", str(model_dir), "--prompt", f"{past},{past - 1}", "--max-new", "4", "--report",
+                 str(tmp_path / "reports")])
+    assert code in (0, 1), capsys.readouterr().err  # 1: a divergence verdict, not a crash
+    assert (tmp_path / "reports" / "report.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    from engine.model.target import TargetModel
+
+    return TargetModel.from_checkpoint(load_model(model_dir))
+
+
+def test_decoder_misuse_is_a_clear_error(model):
+    import torch
+
+    from engine.config import DecodeConfig
+    from engine.decoding.decoder import ARDecoder, DecodeError
+
+    cfg = DecodeConfig(max_new_tokens=2, budget=0)
+    cases = [((model, None, cfg), "prompt is NoneType"), ((model, torch.tensor([1, 2]), cfg), "prompt is a Tensor"),
+             ((model, "1 2", cfg), "prompt is str"), ((model, [1, 2], None), "cfg is a NoneType"),
+             ((None, [1, 2], cfg), "model is a NoneType")]
+    for args, message in cases:
+        with pytest.raises(DecodeError, match=message):
+            ARDecoder(*args)
+
+
+def test_a_drafter_proposing_a_tensor_that_requires_grad_is_named(model):
+    import torch
+
+    from engine.decoding.decoder import DecodeError, check_draft
+
+    draft = torch.zeros(3, model.cfg.vocab_size, requires_grad=True)
+    with pytest.raises(DecodeError, match="requires grad"):
+        check_draft(draft, 3, model, "mine", 0)
+
+
+def test_from_checkpoint_misuse_is_a_clear_error(model_dir):
+    import torch
+
+    from engine.model.target import TargetModel
+
+    ckpt = load_model(model_dir)
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        TargetModel.from_checkpoint(ckpt, dtype="float16")
+    with pytest.raises(ValueError, match="device='tpu'"):
+        TargetModel.from_checkpoint(ckpt, "tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA GPU"):
+            TargetModel.from_checkpoint(ckpt, "cuda")

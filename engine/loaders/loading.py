@@ -49,6 +49,7 @@ def with_text(ckpt: Checkpoint, root: Path) -> Checkpoint:
     if tokenizer.vocab_size > ckpt.config.vocab_size:
         raise ModelLoadError(f"{root / TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but config.json's "
                              f"vocab_size is {ckpt.config.vocab_size}: the tokenizer belongs to another model")
+    tokenizer.fit_model(ckpt.config.vocab_size)  # a padded vocabulary: ids past the tokenizer show as <id N>
     ckpt.tokenizer = tokenizer
     prompts = root / PROMPTS_FILE
     if _present(prompts):

@@ -91,6 +91,7 @@ class Tokenizer:
         self._hf = hf
         self.source = source
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        self.model_vocab_size = self.vocab_size  # ids in [vocab_size, model_vocab_size) show as <id N> (fit_model)
         self._special = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
 
     @classmethod
@@ -135,14 +136,31 @@ class Tokenizer:
         with _rust_errors(self.source):
             return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
 
+    def fit_model(self, model_vocab_size: int) -> None:
+        """A model whose vocabulary is larger (padded past the tokenizer, as many checkpoints are): the ids it may
+        produce past the tokenizer decode and display as <id N> instead of failing after a whole decode."""
+        self.model_vocab_size = max(model_vocab_size, self.vocab_size)
+
     def decode(self, ids: Iterable[int]) -> str:
         ids = [self._checked(i) for i in ids]
-        with _rust_errors(self.source):
-            return self._hf.decode(ids, skip_special_tokens=False)
+        runs, out = [], []
+        for i in [*ids, None]:  # runs of known ids decoded together, <id N> between them
+            if i is not None and i < self.vocab_size:
+                runs.append(i)
+                continue
+            if runs:
+                with _rust_errors(self.source):
+                    out.append(self._hf.decode(runs, skip_special_tokens=False))
+                runs = []
+            if i is not None:
+                out.append(f"<id {i}>")
+        return "".join(out)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes a token stands for (a special token: its text in UTF-8)."""
-        token = self._hf.id_to_token(self._checked(token_id))
+        """The bytes a token stands for (a special token: its text in UTF-8; an id past the tokenizer: none)."""
+        if self._checked(token_id) >= self.vocab_size:
+            return b""
+        token = self._hf.id_to_token(token_id)
         if token in self._special:
             return token.encode("utf-8")
         table = _unicode_to_byte()
@@ -150,8 +168,11 @@ class Tokenizer:
 
     def piece(self, token_id: int) -> str:
         """The token's text for display: "·" a space, "↵" a newline, "→" a tab, "<0xNN>" a byte that is not
-        valid UTF-8 on its own (part of a longer character) or an unprintable character; special tokens as-is."""
-        token = self._hf.id_to_token(self._checked(token_id))
+        valid UTF-8 on its own (part of a longer character) or an unprintable character; special tokens as-is;
+        an id past the tokenizer (fit_model) "<id N>"."""
+        if self._checked(token_id) >= self.vocab_size:
+            return f"<id {token_id}>"
+        token = self._hf.id_to_token(token_id)
         return token if token in self._special else _render(self.token_bytes(token_id))
 
     def save(self, directory: str | Path) -> Path:
@@ -163,8 +184,8 @@ class Tokenizer:
         return file
 
     def _checked(self, token_id: int) -> int:
-        if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < self.vocab_size:
-            raise TokenizerError(f"token id {token_id!r} is outside the vocabulary [0, {self.vocab_size}) of "
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < self.model_vocab_size:
+            raise TokenizerError(f"token id {token_id!r} is outside the vocabulary [0, {self.model_vocab_size}) of "
                                  f"{self.source}")
         return token_id
 
