@@ -125,3 +125,11 @@ def test_from_checkpoint_misuse_is_a_clear_error(model_dir):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="sees no CUDA GPU"):
             TargetModel.from_checkpoint(ckpt, "cuda")
+
+
+def test_prompt_text_that_is_not_utf8_is_a_clear_error(model_dir, capsys):
+    from cli.__main__ import main
+
+    text = b"def caf\xe9(".decode("utf-8", "surrogateescape")  # what argv holds for bytes that are not UTF-8
+    assert main(["run", "--model", str(model_dir), "--prompt-text", text, "--max-new", "2"]) == 2
+    assert "not valid UTF-8" in capsys.readouterr().err

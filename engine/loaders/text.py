@@ -17,7 +17,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from engine.loaders.tokenizer_file import TOKENIZER_FILE, TokenizerError, read_tokenizer_json
 
-__all__ = ["END_OF_TEXT", "TOKENIZER_FILE", "Tokenizer", "TokenizerError", "train_bpe"]
+__all__ = ["END_OF_TEXT", "TOKENIZER_FILE", "Tokenizer", "TokenizerError", "render_bytes", "train_bpe"]
 END_OF_TEXT = "<|endoftext|>"  # separates documents in the training stream; id 0 in a tokenizer train_bpe made
 VISIBLE_WHITESPACE = {" ": "·", "\n": "↵", "\t": "→"}
 ROUND_TRIP_PROBE = "def f(x):\n\treturn x  # ünïcödé ✓ 𝄞\r\n"  # spaces, tabs, CR, 2-, 3- and 4-byte characters
@@ -59,7 +59,7 @@ def _unicode_to_byte() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
-def _render(data: bytes) -> str:
+def render_bytes(data: bytes) -> str:
     """Bytes as display text: valid UTF-8 characters as themselves, space/newline/tab as visible marks, any other
     unprintable character and any byte that is not valid UTF-8 on its own as <0xNN> per byte."""
     out, i = [], 0
@@ -173,7 +173,7 @@ class Tokenizer:
         if self._checked(token_id) >= self.vocab_size:
             return f"<id {token_id}>"
         token = self._hf.id_to_token(token_id)
-        return token if token in self._special else _render(self.token_bytes(token_id))
+        return token if token in self._special else render_bytes(self.token_bytes(token_id))
 
     def save(self, directory: str | Path) -> Path:
         """Write tokenizer.json into directory (created if needed); returns the file."""
