@@ -15,7 +15,7 @@ from test_app import run, start
 
 from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
-from ui.safe_text import plain
+from ui.safe_text import code, plain
 
 IMAGE = "![x](http://127.0.0.1:9/x.png)"
 HOSTILE = [IMAGE, "[click](http://evil.example)", "<http://evil.example>", "<a@evil.example>", "# Heading",
@@ -44,6 +44,13 @@ def test_plain_text_renders_as_itself(text):
 @pytest.mark.parametrize("text", PLAIN)
 def test_common_text_is_left_alone(text):
     assert plain(text) == text
+
+
+@pytest.mark.parametrize("text", HOSTILE + PLAIN + ["a`b", "`x`", "``![x](http://127.0.0.1:9/x.png)``"])
+def test_a_code_span_shows_its_text_literally(text):
+    page = rendered(code(text))
+    assert page.count("<code>") == 1 and "<img" not in page and "<a " not in page, page
+    assert text_of(page) == " ".join(text.split("\n")) if "\n" in text else text_of(page) == text, page
 
 
 def test_a_recordings_device_name_shows_as_text_not_an_image(tiny_checkpoint, tmp_path):

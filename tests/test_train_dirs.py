@@ -188,3 +188,29 @@ def test_train_drafter_checks_its_prompts_before_writing(target, tmp_path):
                     str(folder), *DRAFTER_QUICK)
     assert code == 2 and "--num-sequences" in err and "--corpus-dir" in err, err
     assert not (tmp_path / "d").exists()
+
+
+def test_a_paused_and_resumed_target_run_equals_an_uninterrupted_one(corpus, tmp_path):
+    from safetensors.torch import load_file
+
+    common = ["--corpus-dir", str(corpus), *QUICK]
+    assert cli("train-target", "--out", str(tmp_path / "whole"), *common)[0] == 0
+    paused_run(corpus, tmp_path / "parts")
+    code, err = cli("train-target", "--out", str(tmp_path / "parts"), "--resume")
+    assert code == 0, err
+    whole, parts = (load_file(tmp_path / d / "model.safetensors") for d in ("whole", "parts"))
+    assert all(torch.equal(whole[k], parts[k]) for k in whole)
+
+
+def test_a_paused_and_resumed_drafter_run_equals_an_uninterrupted_one(target, corpus, tmp_path):
+    from engine.loaders.dflash_checkpoint import load_tensors
+
+    common = ["train-drafter", "--target", str(target), "--corpus-dir", str(corpus), *DRAFTER_QUICK]
+    assert cli(*common, "--out", str(tmp_path / "a"))[0] == 0
+    assert cli(*common, "--out", str(tmp_path / "b"), "--pause-at", "2")[0] == 0
+    assert (tmp_path / "b" / "sequences.pt").is_file()
+    code, err = cli(*common, "--out", str(tmp_path / "b"), "--resume")
+    assert code == 0, err
+    a, b = (load_tensors(read_dflash_dir(tmp_path / n), "cpu", torch.float32) for n in "ab")
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["config.json", "model.safetensors", "training.json"]

@@ -25,3 +25,12 @@ def plain(text: object) -> str:
     out = _INLINE.sub(lambda m: "\\" + m.group(0), str(text))
     return _BLOCK.sub(lambda m: m.group(1) + ("\\" + m.group(2) if not m.group(2)[0].isdigit()
                                               else m.group(2)[:-1] + "\\" + m.group(2)[-1]), out)
+
+
+def code(text: object) -> str:
+    """str(text) as a markdown code span, which shows its content literally: fenced with one more backtick than
+    its longest run of backticks (padded with spaces where it starts or ends with one), as CommonMark reads it."""
+    text = str(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
