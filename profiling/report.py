@@ -208,6 +208,7 @@ def write_all(runs: Runs, out_dir: str | os.PathLike, force: bool = False, captu
     if ranks is not None:
         blobs["trace.json"] = export_trace.render(runs, capture, ranks)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # DIR is created if missing, its parents too
         with _locked(out):
             _clean_stale(out)
             check_out_dir(out, force)  # again under the lock: another run may have written meanwhile
