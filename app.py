@@ -4,6 +4,7 @@ import plotly.express  # noqa: F401 - importing it at once on a cold server hit 
 import streamlit as st
 
 from ui import kernel_status, query, recorded, settings, state
+from ui.safe_text import plain
 
 st.set_page_config(page_title="DDTree Studio", layout="wide")
 state.init()
@@ -22,7 +23,7 @@ chosen, invalid = settings.sidebar()
 query.save()
 for notice in (query.notice(), state.apply(chosen)):
     if notice:
-        st.info(notice)
+        st.info(plain(notice))
 recorded.banner()
 if state.settings() is None:
     st.warning(f"Decoding waits for a valid {' and a valid '.join(invalid)}: the sidebar says what is wrong.")

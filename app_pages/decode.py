@@ -2,13 +2,15 @@
 import streamlit as st
 
 from ui import charts, state, tree_panel, views
+from ui.safe_text import plain
 
 s = state.settings()
 tokenizer = state.tokenizer()
 piece = views.piece_of(tokenizer)
 st.title("Decode")
-st.caption(f"{s.model} · prompt of {len(s.prompt)} tokens · {s.drafter.label()} drafter · {s.stepped_mode} · "
-           f"B = {s.decode_config().budget_label}, block size {s.block_size} · {s.decode_config().sampling} · "
+st.caption(f"{plain(s.model)} · prompt of {len(s.prompt)} tokens · {plain(s.drafter.label())} drafter · "
+           f"{s.stepped_mode} · B = {s.decode_config().budget_label}, block size {s.block_size} · "
+           f"{s.decode_config().sampling} · "
            f"{s.device} {s.dtype}")
 
 reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], vertical_alignment="bottom")

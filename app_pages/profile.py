@@ -8,6 +8,7 @@ from profiling.metrics import kernel_table
 from profiling.repeats import LARGE_SPREAD, relative_spread
 from profiling.sweep import DEFAULT_BUDGETS, parse_budgets, verdict
 from ui import capture_panel, charts, drafter_health, source, state, views
+from ui.safe_text import plain
 
 st.title("Profile")
 stepped = source.pick("profile_source") == source.STEPPED
@@ -107,7 +108,7 @@ if st.button("Run sweep", disabled=bool(needs_model), help=needs_model):
     try:
         budgets = parse_budgets(text)
     except ValueError as exc:
-        st.error(str(exc))
+        st.error(plain(str(exc)))
     else:
         bar = st.progress(0.0, text="Sweeping...")
         state.sweep(budgets, int(repeats),

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,25 +22,29 @@ import torch
 
 from cli.training_options import add_optimizer_options, add_run_dir_options
 from engine.loaders.dflash_checkpoint import save_dflash_dir
+from engine.loaders.hf_layout import SINGLE_FILE
 from engine.loaders.text import END_OF_TEXT
-from engine.training.checkpointing import (
-    TRAINING_FILE,
-    check_out_dir,
-    load_checkpoint,
-    remove_checkpoints,
-    save_checkpoint,
-    start_out_dir,
+from engine.training.checkpointing import load_checkpoint, remove_checkpoints, restore_checkpoint
+from engine.training.drafter_data import (
+    SEQUENCES_FILE,
+    generate_sequences,
+    load_frozen_target,
+    load_sequences,
+    save_sequences,
+    sequence_tensors,
 )
-from engine.training.drafter_data import load_frozen_target, make_sequences
 from engine.training.drafter_loop import DrafterTrainer
 from engine.training.drafter_model import DrafterLM
 from engine.training.drafter_recipe import DRAFTER_PRESETS, DrafterRecipe
 from engine.training.export import SAVE_DTYPES
 from engine.training.progress import Progress
 from engine.training.recipe import TrainError
+from engine.training.run_dir import TRAINING_FILE, check_out_dir, save_run_checkpoint, start_out_dir, writing
 
 RECIPE_OPTIONS = ("steps", "batch_size", "anchors", "lr", "seed", "device", "num_sequences", "save_dtype",
                   "log_every", "eval_every", "checkpoint_every", "corpus_dir")
+MODEL_FILES = ("config.json", SINGLE_FILE)  # what save_dflash_dir writes (one shard)
+RUN_FILES = (*MODEL_FILES, TRAINING_FILE, SEQUENCES_FILE)
 
 
 def recipe_from_args(args: argparse.Namespace, checkpoint: dict | None) -> DrafterRecipe:
@@ -46,7 +52,7 @@ def recipe_from_args(args: argparse.Namespace, checkpoint: dict | None) -> Draft
     if "corpus_dir" in given:
         given["corpus_dir"] = str(Path(given["corpus_dir"]).resolve())
     if checkpoint is not None:
-        recipe = DrafterRecipe.from_dict(checkpoint["recipe"])
+        recipe = checkpoint["recipe"]
         changed = {k: v for k, v in given.items() if getattr(recipe, k) != v}
         if changed or (args.preset is not None and args.preset != recipe.preset):
             raise TrainError(f"--resume continues the checkpoint's recipe; these options differ from it: "
@@ -67,14 +73,27 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts + [f"--{flag}" for flag in ("resume", "force") if getattr(args, flag)])
 
 
+def _save_drafter(out: Path, cfg, tensors: dict) -> None:
+    """The DFlash directory's files into out, beside whatever else it holds: written whole into a fresh sibling
+    folder by save_dflash_dir, then each renamed into out."""
+    staging = out.with_name(f".{out.name}.drafter-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        save_dflash_dir(staging, cfg, tensors)
+        for name in MODEL_FILES:
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def train_drafter(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out is not None else Path(args.target) / "dflash"
     args.out = out
     if args.pause_at is not None and args.pause_at < 1:
         raise TrainError(f"--pause-at {args.pause_at}: expected a step >= 1")
     target, tokenizer = load_frozen_target(args.target, "cpu")  # checks the target before DIR is touched
-    resume_from = check_out_dir(out, args.resume, args.force)
-    state = load_checkpoint(resume_from) if resume_from is not None else None
+    resume_from = check_out_dir(out, args.resume, args.force, RUN_FILES)
+    state = load_checkpoint(resume_from, "drafter", DrafterRecipe.from_dict) if resume_from is not None else None
     recipe = recipe_from_args(args, state)
     if recipe.device == "cuda" and not torch.cuda.is_available():
         raise TrainError("--device cuda: torch sees no CUDA GPU here; use --device cpu")
@@ -88,19 +107,24 @@ def train_drafter(args: argparse.Namespace) -> int:
     cfg = recipe.drafter_config(target.cfg, mask_id)
     started = time.perf_counter()
     target = target.to(recipe.device)
-    if state is None:
-        start_out_dir(out)
-    train, held_out, data_info = make_sequences(target, tokenizer, recipe, out)
+    if state is None:  # the corpus read and the sequences generated before DIR is touched
+        sequences = generate_sequences(target, tokenizer, recipe)
+        start_out_dir(out, RUN_FILES)
+        with writing(out):
+            save_sequences(out, sequences)
+    else:
+        sequences = load_sequences(out, recipe)
+    train, held_out, data_info = sequence_tensors(sequences, recipe)
     torch.manual_seed(recipe.seed)
     drafter = DrafterLM(cfg).to(recipe.device)
     trainer = DrafterTrainer(drafter, target, recipe, train, held_out)
     if state is not None:
-        trainer.restore(state)
+        restore_checkpoint(trainer, state, resume_from)
     trainer.history.commands.append(command_line(args))
     setup_s = time.perf_counter() - started
     progress = Progress(recipe.steps, trainer.step)
     try:
-        trainer.run(args.pause_at or recipe.steps, progress, lambda s: save_checkpoint(out, s))
+        trainer.run(args.pause_at or recipe.steps, progress, lambda s: save_run_checkpoint(out, s))
     finally:
         progress.close()
     if trainer.step < recipe.steps:
@@ -108,18 +132,18 @@ def train_drafter(args: argparse.Namespace) -> int:
         return 0
     final = trainer.history.intervals[-1]
     tensors = {n: t.detach().to("cpu", SAVE_DTYPES[recipe.save_dtype]) for n, t in drafter.tensors().items()}
-    remove_checkpoints(out)
-    for leftover in out.iterdir():  # the generated sequences of the run
-        leftover.unlink()
-    out.rmdir()
-    save_dflash_dir(out, cfg, tensors)
+    with writing(out):
+        _save_drafter(out, cfg, tensors)
     report = {"commands": trainer.history.commands, "recipe": recipe.to_dict(), "config": cfg.to_dict(),
               "target": str(args.target), "num_parameters": sum(p.numel() for p in drafter.parameters()),
               "device": torch.cuda.get_device_name() if recipe.device == "cuda" else "cpu", "torch": torch.__version__,
               "data": data_info, "steps": trainer.step, "wall_time_s": trainer.history.wall_s, "setup_time_s": setup_s,
               "final_train_loss": final["train_loss"], "final_val_loss": final["val_loss"],
               "final_val_accepted": final["val_accepted"], "intervals": trainer.history.intervals}
-    (out / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    with writing(out):
+        (out / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        remove_checkpoints(out)
+        (out / SEQUENCES_FILE).unlink(missing_ok=True)
     print(f"wrote {out}: {report['num_parameters'] / 1e6:.2f} M parameters, {trainer.step} steps, val loss "
           f"{final['val_loss']:.3f}, chain acceptance on held-out blocks {final['val_accepted']:.2f} tokens",
           file=sys.stderr)

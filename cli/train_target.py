@@ -19,16 +19,10 @@ from pathlib import Path
 import torch
 
 from cli.training_options import add_optimizer_options, add_run_dir_options
+from engine.loaders.hf_layout import SINGLE_FILE
 from engine.loaders.loading import PROMPTS_FILE
 from engine.loaders.text import TOKENIZER_FILE, Tokenizer, train_bpe
-from engine.training.checkpointing import (
-    TRAINING_FILE,
-    check_out_dir,
-    load_checkpoint,
-    remove_checkpoints,
-    save_checkpoint,
-    start_out_dir,
-)
+from engine.training.checkpointing import load_checkpoint, remove_checkpoints, restore_checkpoint
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.data import WindowSampler, eval_windows, token_stream
 from engine.training.export import save_hf_dir
@@ -36,7 +30,10 @@ from engine.training.generate import distinct_ngram_rate, greedy_generate
 from engine.training.loop import Trainer
 from engine.training.progress import Progress
 from engine.training.recipe import PRESETS, Recipe, TrainError
+from engine.training.run_dir import TRAINING_FILE, check_out_dir, save_run_checkpoint, start_out_dir, writing
 from engine.training.target_model import TargetLM
+
+RUN_FILES = ("config.json", SINGLE_FILE, TOKENIZER_FILE, TRAINING_FILE, PROMPTS_FILE)  # a finished run's files
 
 # CLI option -> Recipe field, for the options that override the preset
 RECIPE_OPTIONS = {"steps": "steps", "batch_size": "batch_size", "seq_len": "seq_len", "lr": "lr",
@@ -58,7 +55,7 @@ def recipe_from_args(args: argparse.Namespace, checkpoint: dict | None) -> Recip
     line may repeat but not change."""
     given = _given(args)
     if checkpoint is not None:
-        recipe = Recipe.from_dict(checkpoint["recipe"])
+        recipe = checkpoint["recipe"]
         changed = {k: v for k, v in given.items() if getattr(recipe, k) != v}
         if changed or (args.preset is not None and args.preset != recipe.preset):
             raise TrainError(f"--resume continues the recipe of the checkpoint; these options differ from it: "
@@ -94,10 +91,9 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
-def _sample(model: TargetLM, recipe: Recipe, corpus, tokenizer: Tokenizer) -> dict:
-    """Greedy continuations of held-out prompts: their distinct-4-gram rate, and the first one as text."""
-    prompts = torch.from_numpy(draw_prompts(corpus, tokenizer, recipe.sample_prompts, recipe.sample_prompt_len,
-                                            recipe.seed)).to(recipe.device)
+def _sample(model: TargetLM, recipe: Recipe, prompts: torch.Tensor, tokenizer: Tokenizer) -> dict:
+    """Greedy continuations of the held-out prompts: their distinct-4-gram rate, and the first one as text."""
+    prompts = prompts.to(recipe.device)
     dtype = "bfloat16" if recipe.device == "cuda" else "float32"
     tokens = greedy_generate(model, prompts, recipe.sample_new_tokens, dtype=dtype)
     return {"prompts": recipe.sample_prompts, "prompt_tokens": recipe.sample_prompt_len,
@@ -113,8 +109,8 @@ def train_target(args: argparse.Namespace) -> int:
     if args.pause_at is not None and args.pause_at < 1:
         raise TrainError(f"--pause-at {args.pause_at}: expected a step >= 1")
     given_tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer is not None else None
-    resume_from = check_out_dir(out, args.resume, args.force)
-    state = load_checkpoint(resume_from) if resume_from is not None else None
+    resume_from = check_out_dir(out, args.resume, args.force, RUN_FILES)
+    state = load_checkpoint(resume_from, "model", Recipe.from_dict) if resume_from is not None else None
     recipe = recipe_from_args(args, state)
     _check_device(recipe.device)
     if args.pause_at is not None and (args.pause_at % recipe.log_every or args.pause_at >= recipe.steps):
@@ -125,33 +121,37 @@ def train_target(args: argparse.Namespace) -> int:
         torch.use_deterministic_algorithms(True, warn_only=True)
     started = time.perf_counter()
     corpus = load_corpus(recipe.corpus_dir)
-    if state is None:  # every check passed: only now touch DIR
-        start_out_dir(out)
-        tokenizer = given_tokenizer
-        if tokenizer is None:
-            print(f"training a {recipe.vocab_size}-token BPE tokenizer on {corpus.name}'s train split",
-                  file=sys.stderr)
-            tokenizer = train_bpe(corpus.texts("train"), recipe.vocab_size)
-        tokenizer.save(out)
-    else:
+    tokenizer = given_tokenizer
+    if state is not None:
         tokenizer = Tokenizer.load(out)
+    elif tokenizer is None:
+        print(f"training a {recipe.vocab_size}-token BPE tokenizer on {corpus.name}'s train split", file=sys.stderr)
+        tokenizer = train_bpe(corpus.texts("train"), recipe.vocab_size)
     cfg = recipe.model_config(tokenizer.vocab_size)
+    # Every file read, both splits big enough, the held-out prompts drawn: all before DIR is touched.
     train_stream = token_stream(corpus, tokenizer, "train").to(recipe.device)
     held_out = token_stream(corpus, tokenizer, "held-out")
+    sampler = WindowSampler(train_stream, recipe.seq_len, recipe.batch_size, recipe.seed)
+    windows = eval_windows(held_out, recipe.seq_len, recipe.eval_windows)
+    prompts = torch.from_numpy(draw_prompts(corpus, tokenizer, recipe.sample_prompts, recipe.sample_prompt_len,
+                                            recipe.seed))
+    if state is None:
+        start_out_dir(out, RUN_FILES)
+        with writing(out):
+            tokenizer.save(out)
     torch.manual_seed(recipe.seed)
     model = TargetLM(cfg, dropout=recipe.dropout).to(recipe.device)  # initialised on the CPU: same on any device
-    trainer = Trainer(model, recipe, WindowSampler(train_stream, recipe.seq_len, recipe.batch_size, recipe.seed),
-                      eval_windows(held_out, recipe.seq_len, recipe.eval_windows))
+    trainer = Trainer(model, recipe, sampler, windows)
     if state is None:
         trainer.history.tokenizer_source = str(args.tokenizer or "train_bpe on the train split")
     else:
-        trainer.restore(state)
+        restore_checkpoint(trainer, state, resume_from)  # logs the step it resumes at
     trainer.history.commands.append(command_line(args))
     setup_s = time.perf_counter() - started
     stop_at = args.pause_at or recipe.steps
     progress = Progress(recipe.steps, trainer.step)
     try:
-        trainer.run(stop_at, progress, lambda s: save_checkpoint(out, s))
+        trainer.run(stop_at, progress, lambda s: save_run_checkpoint(out, s))
     finally:
         progress.close()
     if trainer.step < recipe.steps:
@@ -168,15 +168,15 @@ def train_target(args: argparse.Namespace) -> int:
         "epochs": trainer.sampler.epochs_at(trainer.step), "wall_time_s": trainer.history.wall_s,
         "setup_time_s": setup_s, "resumed_at": trainer.history.resumed_at,
         "final_train_loss": last["train_loss"], "final_val_loss": last["val_loss"],
-        "greedy_sample": _sample(model, recipe, corpus, tokenizer), "intervals": trainer.history.intervals,
+        "greedy_sample": _sample(model, recipe, prompts, tokenizer), "intervals": trainer.history.intervals,
     }
-    save_hf_dir(model, out, recipe.save_dtype, tokenizer.end_of_text_id)
-    prompts = draw_prompts(corpus, tokenizer, recipe.sample_prompts, recipe.sample_prompt_len, recipe.seed)
-    (out / PROMPTS_FILE).write_text(json.dumps({
-        "source": f"the held-out split of {corpus.name} (engine/training/corpus.py), drawn with seed {recipe.seed}",
-        "prompts": [{"text": tokenizer.decode(ids.tolist())} for ids in prompts]}, indent=2) + "\n")
-    (out / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    remove_checkpoints(out)
+    with writing(out):
+        save_hf_dir(model, out, recipe.save_dtype, tokenizer.end_of_text_id)
+        (out / PROMPTS_FILE).write_text(json.dumps({
+            "source": f"the held-out split of {corpus.name} (engine/training/corpus.py), drawn with seed {recipe.seed}",
+            "prompts": [{"text": tokenizer.decode(ids.tolist())} for ids in prompts]}, indent=2) + "\n")
+        (out / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        remove_checkpoints(out)
     print(f"wrote {out}: {report['num_parameters'] / 1e6:.2f} M parameters, {trainer.step} steps, "
           f"train loss {last['train_loss']:.3f}, val loss {last['val_loss']:.3f}, distinct-4-gram "
           f"{report['greedy_sample']['distinct_4gram_rate']:.2f}", file=sys.stderr)
@@ -189,7 +189,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train a DeepSeek-V3-architecture target on the Python standard library's sources (or "
                     "--corpus-dir) and write config.json, model.safetensors, tokenizer.json and training.json "
                     "into --out. docs/training.md has the presets and the files.")
-    parser.add_argument("--out", required=True, type=Path, help="the run directory (created if missing)")
+    parser.add_argument("--out", required=True, type=Path, help="the run directory (created if missing; "
+                        "an existing one that holds other files needs --force)")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the recipe to start from (default tiny)")
     parser.add_argument("--steps", type=int, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, help="sequences per step")

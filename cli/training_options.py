@@ -20,4 +20,5 @@ def add_run_dir_options(p: argparse.ArgumentParser) -> None:
     """--pause-at, --resume and --force: how a run treats its directory (engine/training/checkpointing.py)."""
     p.add_argument("--pause-at", type=int, help="stop after this step with a checkpoint (continue: --resume)")
     p.add_argument("--resume", action="store_true", help="continue the unfinished run in --out")
-    p.add_argument("--force", action="store_true", help="start over in an --out that holds a run")
+    p.add_argument("--force", action="store_true", help="start over in an --out that holds a run, or "
+                   "write into one that holds other files (leaving them alone)")

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from engine.config import ConfigError, DecodeConfig, ModelConfig, buckets_up_to
+from engine.loaders.text import render_bytes
 from engine.records import MODES
 from profiling.repeats import RANGE_COLUMNS, STAT_FIELDS
 
@@ -219,12 +220,19 @@ def check_capture(doc: dict, cfg: Config) -> None:
                         "a count or a time is negative")
 
 
+def _piece(recorded: str, data: bytes) -> tuple[str, bytes]:
+    """(piece, bytes) with the piece recomputed from the bytes (engine.loaders.text.render_bytes), as the live
+    tokenizer shows it; a special token's recorded text is kept only where it is exactly its bytes."""
+    special = recorded.encode("utf-8", "surrogatepass") == data
+    return (recorded if special else render_bytes(data)), data
+
+
 def check_vocabulary(doc: dict, cfg: Config, mentioned: set[int]) -> dict[int, tuple[str, bytes]] | None:
     """The vocabulary table as ids -> (piece, bytes), covering every id the runs mention (None: no tokenizer)."""
     table = doc.get("vocabulary")
     if table is None:
         return None
-    out = {int(key): (entry["piece"], bytes.fromhex(entry["bytes"])) for key, entry in table.items()}
+    out = {int(key): _piece(entry["piece"], bytes.fromhex(entry["bytes"])) for key, entry in table.items()}
     check_ids(sorted(out), cfg.model.vocab_size, "vocabulary", "key")
     missing = sorted(mentioned - set(out))
     require(not missing, "vocabulary", f"lacks token id(s) {missing[:8]} that the runs mention")

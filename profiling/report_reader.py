@@ -7,7 +7,7 @@ ReportReadError naming what is wrong, where in the file, and what to do:
 1. size (at most MAX_BYTES), UTF-8, strict JSON (engine.loaders.strict_json: no duplicate keys, bounded nesting), every
    number finite and every integer within 64 bits;
 2. schema_version: this reader reads SCHEMA_VERSION;
-3. the schema (profiling/schema.py);
+3. the schema (profiling/schema.py, checked fast by profiling/report_schema_check.py);
 4. the records' own rules (profiling/report_checks.py), and the summaries and repeat statistics against the steps.
 What a report cannot hold stays out: the AR logits (RunRecord.logits is None), so a first divergence keeps the
 verdict recorded with it (near tie or real), which the machine that had the logits computed.
@@ -21,7 +21,6 @@ import pathlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import jsonschema
 import numpy as np
 
 from engine.loaders import strict_json
@@ -32,11 +31,11 @@ from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunC
 from profiling.measurement import Measurement
 from profiling.metrics import range_names, summarize_runs
 from profiling.repeats import STATISTICS, RepeatStats, large_spread, repeat_stats, summarize_repeats
-from profiling.schema import REPORT_SCHEMA, SCHEMA_VERSION
+from profiling.report_schema_check import schema_error, skeleton
+from profiling.schema import SCHEMA_VERSION
 
 MAX_BYTES = 256 * 2**20  # a report of 1,025-node trees over a few hundred steps stays far below this
 EXPORT_AGAIN = "export it again with `python -m engine run --report DIR`"
-_VALIDATOR = jsonschema.Draft202012Validator(REPORT_SCHEMA)
 _INT64 = 2**63
 _DIVERGENCE_VERDICT = ("kind", "score_gap", "tolerance", "logit_gap", "token_gap")  # needs the AR logits
 
@@ -46,7 +45,8 @@ class ReportReadError(ValueError):
 
 
 class RecordedVocabulary:
-    """The pieces and bytes of the tokens a report mentions: engine.loaders.text.Tokenizer's piece() and decode() for them."""
+    """The pieces and bytes of the tokens a report mentions: engine.loaders.text.Tokenizer's piece() and decode()
+    for them."""
 
     def __init__(self, table: dict[int, tuple[str, bytes]]) -> None:
         self._table = table
@@ -133,7 +133,8 @@ def _parse(data: bytes, name: str) -> dict:
         kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(doc), "number")
         raise ReportReadError(f"{name} holds a JSON {kind}, not an object: it is not a report.json "
                               "(open the report.json that `python -m engine run --report DIR` wrote).")
-    bad = _out_of_range_number(doc)
+    cut = skeleton(doc)  # the big plain arrays checked and cut to one element (profiling/report_schema_check.py)
+    bad = _out_of_range_number(cut)
     if bad is not None:
         where, value = bad
         raise ReportReadError(f"{name}: {where} is {value}, which a report never holds (its writer writes strict JSON: "
@@ -143,7 +144,7 @@ def _parse(data: bytes, name: str) -> dict:
         found = "has no schema_version" if "schema_version" not in doc else f"has schema version {version!r}"
         raise ReportReadError(f"{name} {found}; this dashboard reads report.json schema version {SCHEMA_VERSION} "
                               f"(profiling/schema.py): {EXPORT_AGAIN} from a checkout of this version.")
-    error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(doc))
+    error = schema_error(cut)
     if error is not None:
         raise ReportReadError(f"{name} does not match the report schema (version {SCHEMA_VERSION}) at "
                               f"{_place(error.absolute_path)}: {_short(error.message)}. A field is missing, misnamed "

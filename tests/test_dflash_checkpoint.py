@@ -85,6 +85,15 @@ def test_missing_target_layer_ids_are_derived_and_qwen3_defaults_fill_in(layout)
     assert config_from_json(config_to_json(layout), "config.json") == layout
 
 
+def test_derived_target_layer_ids_that_do_not_fit_are_reported_as_derived(layout):
+    data = config_to_json(dataclasses.replace(layout, num_target_layers=3, num_hidden_layers=5,
+                                              target_layer_ids=(0, 1, 2)))
+    del data["dflash_config"]["target_layer_ids"]  # z-lab's rule gives [1, 1, 0, 0, 0]: repeated layers
+    with pytest.raises(DFlashLoadError, match="no dflash_config.target_layer_ids, and the ones derived from "
+                                              r"num_target_layers=3 and num_hidden_layers=5 \(build_target_layer_ids"):
+        config_from_json(data, "config.json")
+
+
 def test_an_unknown_config_key_warns_and_is_ignored(layout):
     data = config_to_json(layout) | {"some_new_knob": 3}
     with pytest.warns(UserWarning, match=r"ignoring config key\(s\) \['some_new_knob'\]"):

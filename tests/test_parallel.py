@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import random
+import re
 import subprocess
 import sys
 
@@ -24,7 +26,7 @@ from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
 from engine.loaders.kdtr import read_kdtr
 from engine.model.cache import LatentCache
-from engine.model.parallel import ParallelError, Shard, current_shard
+from engine.model.parallel import ParallelError, Shard, current_shard, init_from_env
 from engine.model.target import TargetModel
 
 # float32, of the largest logit (tests/tolerance.py): the ranks' partial sums add up in another order than one
@@ -161,3 +163,38 @@ def test_torchrun_runs_the_cli_and_rank_0_writes_every_rank_into_the_trace(tmp_p
     assert any(r.endswith("/attn/allreduce") for r in ranges) and any(r.endswith("/moe/combine") for r in ranges)
     assert json.loads((out / "report.json").read_text())["config"]["parallel"] == {
         "world_size": 2, "backend": "gloo", "heads_per_rank": 4, "experts_per_rank": 4}
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc'"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0'"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 with WORLD_SIZE=2"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "MASTER_ADDR / MASTER_PORT are not set"),
+])
+def test_a_mistyped_launch_environment_is_named(monkeypatch, env, message):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ParallelError, match=re.escape(message)):
+        init_from_env("cpu")
+
+
+def test_world_size_2_with_one_process_fails_within_the_rendezvous_timeout(tmp_path):
+    """The CLI under WORLD_SIZE=2 with no second rank: exit 2 with the message in seconds, not a 30-minute wait."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "DDTREE_RENDEZVOUS_TIMEOUT_S": "3"}
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    started = time.monotonic()
+    command = [sys.executable, "-m", "cli", "run", "--fixture", str(TINY_FIXTURE), "--max-new", "2"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240,
+                          cwd=pathlib.Path(__file__).parents[1])
+    assert done.returncode == 2, done.stderr
+    assert "did not join" in done.stderr and "torchrun --nproc-per-node 2" in done.stderr, done.stderr
+    assert time.monotonic() - started < 200

@@ -292,3 +292,44 @@ def test_fuzz_every_damaged_report_is_an_error_or_a_recording(doc, recorded):
         except ReportReadError as exc:
             assert str(exc).startswith("fuzz.json") and len(str(exc)) < 2000
     assert opened < 200
+
+
+def _full_schema_error(doc: dict):
+    import jsonschema
+
+    from profiling.schema import REPORT_SCHEMA
+
+    return jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(REPORT_SCHEMA).iter_errors(doc))
+
+
+def test_the_fast_schema_check_gives_jsonschemas_verdict_and_place(doc):
+    """The skeleton check (profiling/report_schema_check.py) against jsonschema on the whole document: the same
+    error, at the same place, for damage in the big arrays, in small fields, and none for the intact file."""
+    from profiling.report_schema_check import schema_error, skeleton
+    from profiling.schema import REPORT_SCHEMA
+
+    assert schema_error(skeleton(doc)) is None and _full_schema_error(doc) is None
+    cut = skeleton(doc, REPORT_SCHEMA)
+    step = next(i for i, s in enumerate(doc["steps"]) if len(s["tree"]["tokens"]) > 2)
+    assert len(cut["steps"][step]["tree"]["tokens"]) == 1 and len(cut["steps"][step]["tree"]["visible"]) == 1
+    rng = random.Random(0)
+    damages = [("tokens", "7"), ("tokens", True), ("tokens", 1.0), ("scores", "x"), ("parents", None),
+               ("visible", [1, "a"]), ("visible", 3), ("depths", 2.5)]
+    for field, bad in damages:
+        damaged = copy.deepcopy(doc)
+        values = damaged["steps"][step]["tree"][field]
+        values[rng.randrange(len(values))] = bad
+        fast, full = schema_error(skeleton(damaged)), _full_schema_error(damaged)
+        assert (fast is None) == (full is None), (field, bad)
+        if full is not None:
+            assert list(fast.absolute_path) == list(full.absolute_path) and fast.message == full.message, (field, bad)
+    damaged = copy.deepcopy(doc)
+    damaged["steps"][step]["spans"] = [["verify", 1]]
+    assert list(schema_error(skeleton(damaged)).absolute_path) == list(_full_schema_error(damaged).absolute_path)
+    for field, bad in (("scores", float("nan")), ("tokens", 2**64), ("scores", float("inf")), ("tokens", -2**63 - 1)):
+        damaged = copy.deepcopy(doc)
+        values = damaged["steps"][step]["tree"][field]
+        index = rng.randrange(len(values))
+        values[index] = bad
+        assert report_reader._out_of_range_number(skeleton(damaged)) == report_reader._out_of_range_number(damaged)
+        assert report_reader._out_of_range_number(damaged)[0] == f"steps[{step}].tree.{field}[{index}]"

@@ -55,55 +55,71 @@ def test_write_all_refuses_a_directory_target_and_changes_nothing(tmp_path, pair
     assert snapshot(tmp_path) == before
 
 
+def siblings(directory: pathlib.Path) -> list[str]:
+    return sorted(p.name for p in directory.parent.iterdir())
+
+
 @pytest.mark.parametrize("fails_at", range(len(report.FORMATS)))
 def test_a_disk_that_fills_midway_leaves_the_old_set(tmp_path, pair, monkeypatch, fails_at):
-    before = old_set(tmp_path)
-    real, calls = report._write_temp, []
+    out = tmp_path / "reports"
+    before = old_set(out)
 
-    def fills_up(path, data):
-        calls.append(path.name)
-        if len(calls) > fails_at:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real(path, data)
+    def fills_up(new, blobs):
+        for name in list(blobs)[:fails_at]:
+            (new / name).write_bytes(blobs[name])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(new / list(blobs)[fails_at]))
 
-    monkeypatch.setattr(report, "_write_temp", fills_up)
-    with pytest.raises(OSError, match="No space left"):
-        report.write_all(Measurement.of(pair), tmp_path, force=True)
-    assert snapshot(tmp_path) == before
+    monkeypatch.setattr(report, "_write_set", fills_up)
+    with pytest.raises(report.ReportError, match=f"into {out} failed .No space left"):
+        report.write_all(Measurement.of(pair), out, force=True)
+    assert snapshot(out) == before
+    assert siblings(out) == ["reports"], "no temporary directory or lock left beside it"
 
 
-@pytest.mark.parametrize("fails_at", range(1, len(report.FORMATS)))
-def test_a_rename_that_fails_after_others_puts_the_old_files_back(tmp_path, pair, monkeypatch, fails_at):
-    before = old_set(tmp_path)
-    (tmp_path / "trace.json").unlink()  # one target that did not exist: it must not exist afterwards either
-    before.pop("trace.json")
-    real, calls = os.replace, []
+def test_a_swap_that_fails_leaves_the_old_set(tmp_path, pair, monkeypatch):
+    out = tmp_path / "reports"
+    before = old_set(out)
 
-    def fails(src, dst):
-        if str(src).endswith(".tmp"):
-            calls.append(src)
-            if len(calls) > fails_at:
-                raise OSError(errno.EIO, os.strerror(errno.EIO), str(dst))
-        return real(src, dst)
+    def fails(a, b):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(b))
 
-    monkeypatch.setattr(report.os, "replace", fails)
-    with pytest.raises(OSError, match="Input/output error"):
-        report.write_all(Measurement.of(pair), tmp_path, force=True)
-    assert snapshot(tmp_path) == before
+    monkeypatch.setattr(report, "_exchange", fails)
+    with pytest.raises(report.ReportError, match="Input/output error"):
+        report.write_all(Measurement.of(pair), out, force=True)
+    assert snapshot(out) == before
+    assert siblings(out) == ["reports"]
+
+
+def test_without_the_exchange_two_renames_replace_the_set(tmp_path, pair, monkeypatch):
+    out = tmp_path / "reports"
+    old_set(out)
+
+    def unsupported(a, b):
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(b))
+
+    monkeypatch.setattr(report, "_exchange", unsupported)
+    report.write_all(Measurement.of(pair), out, force=True)
+    assert snapshot(out)["steps.csv"] == report.render(Measurement.of(pair), "steps.csv")
+    assert siblings(out) == ["reports"]
 
 
 def test_a_failed_write_into_a_new_directory_leaves_no_directory(tmp_path, pair, monkeypatch):
-    monkeypatch.setattr(report, "_write_temp", lambda path, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
-    with pytest.raises(OSError):
+    def full(new, blobs):
+        raise OSError(errno.ENOSPC, "full")
+
+    monkeypatch.setattr(report, "_write_set", full)
+    with pytest.raises(report.ReportError):
         report.write_all(Measurement.of(pair), tmp_path / "new")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_successful_write_replaces_the_set_and_leaves_nothing_else(tmp_path, pair):
-    old = old_set(tmp_path)
-    paths = report.write_all(Measurement.of(pair), tmp_path, force=True)
-    now = snapshot(tmp_path)
+    out = tmp_path / "reports"
+    old = old_set(out)
+    paths = report.write_all(Measurement.of(pair), out, force=True)
+    now = snapshot(out)
     assert sorted(now) == sorted(p.name for p in paths) == sorted(report.FORMATS)
     assert all(now[name] != old[name] for name in now)
     for name in now.keys() - {"report.html"}:  # plotly gives each render of the page new element ids
         assert now[name] == report.render(Measurement.of(pair), name), name
+    assert siblings(out) == ["reports"]

@@ -3,6 +3,7 @@ deterministically, and refuses bad files and ids with errors that name them."""
 from __future__ import annotations
 
 import json
+import pathlib
 import sysconfig
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def test_bad_files_are_refused_naming_them(tokenizer, tmp_path):
     good = json.loads(tokenizer.save(tmp_path / "good").read_text())
     cases = {
         "truncated": (tokenizer.save(tmp_path / "t").read_text()[:500], "not valid JSON"),
-        "binary": ("\udcff", "not valid JSON"),
+        "binary": ("\udcff", "not UTF-8 text"),
         "wordpiece": (json.dumps({**good, "model": {**good["model"], "type": "WordPiece"}}), "byte-level BPE"),
         "no_decoder": (json.dumps({**good, "decoder": None}), "byte-level BPE"),
         "broken_model": (json.dumps({**good, "model": {"type": "BPE", "vocab": 3}}), "not a valid tokenizer.json"),
@@ -105,6 +106,69 @@ def test_bad_files_are_refused_naming_them(tokenizer, tmp_path):
             Tokenizer.load(path)
         assert str(path) in str(err.value), name
     assert issubclass(TokenizerError, ValueError)
+
+
+def hostile_tokenizers(good: dict) -> dict[str, tuple[str, str]]:
+    """name -> (tokenizer.json content, what the refusal must say)."""
+    vocab = good["model"]["vocab"]
+    holed = {t: (i if i < 300 else i + 1) for t, i in vocab.items()}
+    return {
+        "truncation": (json.dumps({**good, "truncation": {"direction": "Right", "max_length": 4, "strategy":
+                                                          "LongestFirst", "stride": 8}}), "'truncation' is set"),
+        "padding": (json.dumps({**good, "padding": {"strategy": "BatchLongest", "direction": "Right", "pad_id": 0,
+                                                    "pad_type_id": 0, "pad_token": "<|endoftext|>",
+                                                    "pad_to_multiple_of": None}}), "'padding' is set"),
+        "normalizer": (json.dumps({**good, "normalizer": {"type": "Lowercase"}}), "'normalizer' is set"),
+        "no_pre_tokenizer": (json.dumps({**good, "pre_tokenizer": None}), "'pre_tokenizer' is None"),
+        "deep": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        "duplicate_keys": ('{"model": 1, "model": 2}', "duplicate key"),
+        "hole": (json.dumps({**good, "model": {**good["model"], "vocab": holed}}), "hole at id 300"),
+        "empty": (json.dumps({**good, "added_tokens": [], "model": {**good["model"], "vocab": {}, "merges": []}}),
+                  "'model.vocab' is empty"),
+    }
+
+
+def test_hostile_tokenizer_files_are_refused_naming_the_field(tokenizer, tmp_path):
+    good = json.loads(tokenizer.save(tmp_path / "good").read_text())
+    for name, (content, message) in hostile_tokenizers(good).items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text(content)
+        with pytest.raises(TokenizerError, match=message) as err:
+            Tokenizer.load(folder)
+        assert str(folder / "tokenizer.json") in str(err.value), name
+
+
+def test_tokenizer_links_out_of_the_model_directory_are_refused(tokenizer, tmp_path):
+    outside = tokenizer.save(tmp_path / "elsewhere")
+    for name, target in (("outside", outside), ("zero", pathlib.Path("/dev/zero"))):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "tokenizer.json").symlink_to(target)
+        with pytest.raises(TokenizerError, match="outside the model directory"):
+            Tokenizer.load(folder)
+    with pytest.raises(TokenizerError, match="not a regular file"):
+        Tokenizer.load("/dev/zero")
+
+
+def test_a_rust_panic_becomes_a_tokenizer_error(tokenizer):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from engine.loaders.text import _rust_errors
+
+    data = json.loads(tokenizer._hf.to_str())
+    data["truncation"] = {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 8}
+    hf = HFTokenizer.from_str(json.dumps(data))  # stride >= max_length: the library panics on encode
+    with pytest.raises(TokenizerError, match="the tokenizer library failed"):
+        with _rust_errors("tokenizer.json"):
+            hf.encode("a b c d e f g h")
+
+
+def test_text_that_is_not_utf8_is_a_clear_error(tokenizer):
+    with pytest.raises(TokenizerError, match="not valid UTF-8"):
+        tokenizer.encode(b"caf\xe9".decode("utf-8", "surrogateescape"))  # as argv holds invalid UTF-8
+    with pytest.raises(TokenizerError, match="expected a str"):
+        tokenizer.encode_batch([b"bytes"])
 
 
 def test_vocabulary_too_small_is_refused():

@@ -1,8 +1,8 @@
 """The trainable target (engine/training) against the engine, and `train-target` end to end on the CPU.
 
 The module's float32 logits must equal the numpy golden model's and the engine's absorbed-MLA model's on the
-checkpoint it saves (loaded by engine.loaders.hf_import, no conversion), its hidden states transformers' numbering, and its
-batched cached greedy generation the engine's AR decode. Then the tiny recipe trains, saves, loads in the
+checkpoint it saves (loaded by engine.loaders.hf_import, no conversion), its hidden states transformers' numbering,
+and its batched cached greedy generation the engine's AR decode. Then the tiny recipe trains, saves, loads in the
 engine and decodes; a paused and resumed run equals an uninterrupted one; bad options fail clearly.
 """
 from __future__ import annotations

@@ -11,6 +11,7 @@ from profiling.capture_data import Capture
 from profiling.measure import measure
 from ui import state
 from ui.current import request_of, target_model
+from ui.safe_text import plain
 
 MS = st.column_config.NumberColumn(format="%.3f")
 DEVICE_COLUMNS = {"range": "range", "calls": "calls", "host_ms": "host ms", "kernels": "kernels",
@@ -89,13 +90,13 @@ def show(runs: dict[str, RunRecord], capture: Capture) -> None:
     name = st.selectbox("Range", [r["range"] for r in timed], key="capture_range",
                         help="The ranges that launched something themselves, in the table's order")
     if on_device:
-        st.caption(f"Kernels launched directly in `{name}` (not in its child ranges), most device time first.")
+        st.caption(f"Kernels launched directly in {plain(name)} (not in its child ranges), most device time first.")
         st.dataframe(capture_view.kernel_rows(rc, name), hide_index=True, width="stretch", height="content",
                      key="capture_kernels", column_config={
                          "device_ms": MS, "mean_us": st.column_config.NumberColumn("mean µs", format="%.2f"),
                          "share": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")})
     else:
-        st.caption(f"The top {capture_view.TOP_OPS} CPU ops called directly in `{name}`, most host time first.")
+        st.caption(f"The top {capture_view.TOP_OPS} CPU ops called directly in {plain(name)}, most host time first.")
         st.dataframe(capture_view.op_rows(rc, name), hide_index=True, width="stretch", height="content",
                      key="capture_ops", column_config={
                          "cpu_ms": st.column_config.NumberColumn("CPU ms", format="%.3f"),

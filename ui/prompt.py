@@ -7,6 +7,7 @@ import streamlit as st
 from engine.decoding.session import parse_prompt
 from engine.loaders.checkpoint import Checkpoint
 from engine.loaders.prompt_text import line_break_note
+from ui.safe_text import plain
 
 TEXT, FIXTURE, IDS = "text", "fixture prompt", "token ids"
 
@@ -63,8 +64,8 @@ def widget(model: str, ckpt: Checkpoint) -> tuple[int, ...] | None:
     try:
         ids = parse_prompt(text, ckpt.config.vocab_size)
     except ValueError as exc:
-        st.error(f"Prompt: {exc}")
+        st.error(plain(f"Prompt: {exc}"))
         return None
     if tokenizer is not None:
-        st.caption(f"As text: {tokenizer.decode(ids)!r}")
+        st.caption(plain(f"As text: {tokenizer.decode(ids)!r}"))
     return tuple(ids)

@@ -17,6 +17,7 @@ from engine.records import MODE_LABELS, TREES
 from profiling.replay import Replay
 from profiling.report_reader import RecordedVocabulary, Recording, ReportReadError, read_report, read_report_file
 from ui.current import Current
+from ui.safe_text import plain
 from ui.settings import Settings
 
 
@@ -106,7 +107,7 @@ def sidebar() -> None:
     with st.sidebar:
         st.header("Recording")
         if opened is not None:
-            st.caption(f"Showing **{opened.recording.name}** on every page.")
+            st.caption(f"Showing **{plain(opened.recording.name)}** on every page.")
             st.button("Close the recording", on_click=_close)
         st.file_uploader("Open a report", type=["json"], key="report_upload", on_change=_on_upload,
                          help="A report.json that `python -m engine run --report DIR` wrote, here or on another "
@@ -116,7 +117,7 @@ def sidebar() -> None:
         error = st.session_state.report_error
         if error:
             still = f"Still showing {opened.recording.name}." if opened is not None else "Still decoding live."
-            st.error(f"{error} {still}")
+            st.error(plain(f"{error} {still}"))
 
 
 def _model_line(model: dict) -> str:
@@ -138,11 +139,12 @@ def banner() -> None:
     dirty = " with uncommitted changes" if env.get("git_dirty") else ""
     cuda = f", CUDA {env['cuda']}" if env["cuda"] else ""
     modes = " and ".join(MODE_LABELS[m] for m in rec.runs)
-    st.info(f"**A recording**, not a live decode: {rec.name} ({rec.size / 1e6:.1f} MB, SHA-256 {rec.digest[:12]}), "
+    st.info("**A recording**, not a live decode: " + plain(
+            f"{rec.name} ({rec.size / 1e6:.1f} MB, SHA-256 {rec.digest[:12]}), "
             f"recorded on {env['device_name']} ({env['device']}, torch {env['torch']}{cuda}, Python {env['python']}, "
             f"{env['platform']}) at commit {commit}{dirty}. Model: {_model_line(rec.runs['ar'].model)}. Settings: "
             f"{modes}; {s.drafter.label()} drafter; B = {s.decode_config().budget_label}, block size {s.block_size}, "
             f"{s.max_new_tokens} new "
             f"tokens, {s.decode_config().sampling}, {s.device} {s.dtype}"
             f"{', batch-invariant' if s.batch_invariant else ''}; {rec.repeats.count} repeat(s). Step replays its "
-            "recorded steps; close it in the sidebar to decode live.")
+            "recorded steps; close it in the sidebar to decode live."))

@@ -18,6 +18,7 @@ from engine.records import TREES
 from engine.settings import Option, options_of
 from ui import prompt as prompt_input
 from ui import resources, setting_widgets
+from ui.safe_text import plain
 
 PROFILE_REPEATS = 5  # the Profile page's default number of measured repeats
 TREE_LABELS = {"tree": "DDTree", "chain": "chain", "both": "chain and DDTree"}
@@ -130,7 +131,7 @@ def _model() -> str:
                   help="A .kdtr file or a Hugging Face DeepSeek-V3 / Kimi-K2 directory (config.json + safetensors) "
                        "on this server, loaded by engine.loaders.loading.load_model, as `run --model` does.")
     if st.session_state.upload_error:
-        st.error(f"{st.session_state.upload_error} Still using {model}.")
+        st.error(plain(f"{st.session_state.upload_error} Still using {model}."))
     return model
 
 
@@ -160,9 +161,9 @@ def _drafter() -> DrafterSpec | None:
             check_fits(drafter.config, target.config, drafter.source)
             note = block_size_note(drafter.config, ss.block_size)
             if note is not None:
-                st.warning(f"Drafter: {note}.")
+                st.warning(plain(f"Drafter: {note}."))
     except ValueError as exc:
-        st.error(f"Drafter: {exc}")
+        st.error(plain(f"Drafter: {exc}"))
         return None
     return spec
 

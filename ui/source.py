@@ -9,6 +9,7 @@ from engine.decoding.session import with_text
 from engine.records import MODE_LABELS
 from profiling.measurement import Measurement
 from ui import recorded, state
+from ui.safe_text import plain
 from ui.settings import checkpoint
 
 FRESH, STEPPED, RECORDED = "a fresh measured run", "the decode you stepped", "the recording"
@@ -19,7 +20,7 @@ def pick(key: str) -> str:
     while it is open."""
     opened = recorded.current()
     if opened is not None:
-        st.caption(f"Source: the recording {opened.recording.name}, its own runs, timings and statistics.")
+        st.caption(f"Source: the recording {plain(opened.recording.name)}, its own runs, timings and statistics.")
         return RECORDED
     options = [FRESH, STEPPED] if state.done() else [FRESH]
     source = st.radio("Source", options, key=key, horizontal=True,

@@ -26,6 +26,7 @@ from profiling.report import render
 from profiling.sweep import budget_sweep
 from ui import recorded
 from ui.current import Current, Live, request_of, target_model
+from ui.safe_text import plain
 from ui.settings import Settings
 
 
@@ -108,7 +109,7 @@ def _engine(call: Callable, *args, **kwargs):
 def show_error(exc: Exception) -> None:
     """An engine error as the dashboard shows it: the message, then the traceback on request."""
     expected = isinstance(exc, (ValueError, ExtensionBuildError))
-    st.error(f"{type(exc).__name__}: {exc}" + ("" if expected else " (an unexpected error: the traceback below "
+    st.error(plain(f"{type(exc).__name__}: {exc}") + ("" if expected else " (an unexpected error: the traceback below "
                                                                     "says where)"))
     with st.expander("Traceback"):
         st.code("".join(traceback.format_exception(exc)), language=None)

@@ -8,6 +8,7 @@ from engine.loaders.text import TokenizerError
 from engine.records import MODE_LABELS, RunRecord, StepRecord
 from profiling import divergence
 from profiling.metrics import committing_step, stage_ns, top2_gaps
+from ui.safe_text import code
 
 PREFILL_COLOUR = "#e0e0e0"
 GOLDEN_ANGLE = 137.508  # degrees: consecutive steps get hues far apart, and no two of the first hundreds match
@@ -72,7 +73,7 @@ def tree_caption(step: StepRecord, piece: Callable[[int], str] | None = None) ->
     padding = f", {num_padding} of them padding" if num_padding else ""
 
     def token(t: int) -> str:
-        return str(t) if piece is None else f"{t} `{piece(t)}`"
+        return str(t) if piece is None else f"{t} {code(piece(t))}"
     path = " -> ".join(f"{n} ({token(tree.tokens[n])})" for n in step.path)
     return (f"Step {step.index}: tree of **{tree.num_nodes} nodes** (root + {tree.num_nodes - 1} drafted{padding}), "
             f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{token(step.bonus)}**.")

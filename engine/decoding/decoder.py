@@ -56,6 +56,7 @@ class Decoder:
 
     def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig, mode: str = "ar",
                  drafter: Drafter | None = None, timer: StepTimer | None = None, cuda_graph: bool = False) -> None:
+        check_arguments(model, prompt, cfg)
         if mode not in MODES:
             raise DecodeError(f"mode={mode!r}: expected one of {MODES}")
         if (drafter is None) != (mode == "ar"):
@@ -253,6 +254,20 @@ class DDTreeDecoder(Decoder):
         super().__init__(model, prompt, cfg, "ddtree", drafter, timer, cuda_graph)
 
 
+def check_arguments(model: object, prompt: object, cfg: object) -> None:
+    """The constructor's arguments are of the types it takes (a clear error for a swapped or missing one)."""
+    if not isinstance(model, TargetModel):
+        raise DecodeError(f"model is a {type(model).__name__}: pass a TargetModel (TargetModel.from_checkpoint(ckpt))")
+    if isinstance(prompt, torch.Tensor | np.ndarray):
+        raise DecodeError(f"prompt is a {type(prompt).__name__}: pass the token ids as a list of ints "
+                          "(prompt.tolist())")
+    if prompt is None or isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence):
+        raise DecodeError(f"prompt is {type(prompt).__name__}: pass the token ids as a list of ints (encode text "
+                          "with the model's tokenizer first)")
+    if not isinstance(cfg, DecodeConfig):
+        raise DecodeError(f"cfg is a {type(cfg).__name__}: pass a DecodeConfig")
+
+
 def validate_prompt(prompt: Sequence[int], vocab_size: int) -> list[int]:
     """Token ids as a list of ints: integers only (numpy integers too; no floats, strings or bools), in range."""
     not_ids = [t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)]
@@ -301,6 +316,9 @@ def check_draft(draft: torch.Tensor, depth: int, model: TargetModel, name: str, 
                else type(draft).__name__)
         raise DecodeError(f"step {step}: drafter {name!r} proposed {got}; expected float32 log-probabilities "
                           f"{want} (L = block_size - 1 positions by the vocabulary) on {model.device}")
+    if draft.requires_grad:
+        raise DecodeError(f"step {step}: drafter {name!r} proposed a tensor that requires grad; propose under "
+                          "torch.no_grad() (or return .detach())")
     if draft.device.type == "cpu" and bool(torch.isnan(draft).any()):  # on CUDA: checked in the step's record
         raise DecodeError(f"step {step}: the drafter returned NaN log-probabilities")
 

@@ -2,8 +2,8 @@
 model.safetensors.index.json. read_dflash_dir checks the config and every tensor's name, dtype and shape from
 the safetensors headers before any data is read; load_tensors then reads them onto a device. The files are
 found, kept inside the directory, parsed (strict JSON) and read exactly as the target's Hugging Face loader does
-(engine/loaders/hf_layout.py, engine/loaders/hf_weights.py); its errors arrive here as DFlashLoadError. save_dflash_dir writes
-the same layout, and dflash_dir_beside is where the dashboard looks for a target's drafter."""
+(engine/loaders/hf_layout.py, engine/loaders/hf_weights.py); its errors arrive here as DFlashLoadError.
+save_dflash_dir writes the same layout, and dflash_dir_beside is where the dashboard looks for a target's drafter."""
 from __future__ import annotations
 
 import contextlib

@@ -171,12 +171,18 @@ def config_from_json(data: Any, where: str) -> DFlashConfig:
         fields["num_key_value_heads"] = fields["num_attention_heads"]
     ids = dflash.get("target_layer_ids")
     depths = (data["num_target_layers"], data["num_hidden_layers"])
-    if ids is None and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in depths):
+    derived = ids is None and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in depths)
+    if derived:
         ids = build_target_layer_ids(*depths)  # else DFlashConfig names the bad depth first
     try:
         return DFlashConfig(**fields, mask_token_id=dflash["mask_token_id"], target_layer_ids=ids,
                             rope_theta=theta, rope_scaling=scaling)
     except ConfigError as exc:
+        if derived and "target_layer_ids" in str(exc):
+            raise DFlashLoadError(f"{where}: config.json has no dflash_config.target_layer_ids, and the ones derived "
+                                  f"from num_target_layers={depths[0]} and num_hidden_layers={depths[1]} "
+                                  f"(build_target_layer_ids: {ids}) do not fit ({exc}); write target_layer_ids "
+                                  "into dflash_config") from exc
         raise DFlashLoadError(f"{where}: {exc}; fix that field in config.json") from exc
 
 

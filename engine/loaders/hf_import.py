@@ -1,9 +1,9 @@
 """Import Hugging Face checkpoints (DeepSeek-V3, Kimi-K2): config.json plus (sharded) safetensors, lazily.
 
 read_hf_dir checks the whole directory before it reads any weight: the config (engine.loaders.hf_config), the files and
-each shard's header (engine.loaders.hf_layout), and every tensor's name, dtype and shape (engine.loaders.hf_plan). The weights
-themselves are read when a model is built (engine.loaders.hf_weights: tensor by tensor, straight to the device).
-docs/hf-loading.md describes what is accepted and what is refused; every refusal is an HFLoadError naming the
+each shard's header (engine.loaders.hf_layout), and every tensor's name, dtype and shape (engine.loaders.hf_plan).
+The weights themselves are read when a model is built (engine.loaders.hf_weights: tensor by tensor, straight to the
+device). docs/hf-loading.md describes what is accepted and what is refused; every refusal is an HFLoadError naming the
 file, field or tensor.
 """
 from __future__ import annotations

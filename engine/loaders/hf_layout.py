@@ -3,8 +3,8 @@
 Every file read must resolve (symlinks followed) inside the model directory, or, for a snapshot of the Hugging
 Face hub cache (<repo>/snapshots/<revision>, whose files link to <repo>/blobs/), inside that repository's blobs/:
 an index cannot send the loader to "../other.safetensors" or "/etc/passwd". JSON is read strictly
-(engine.loaders.strict_json) and each shard's header is checked against its size (engine.loaders.safetensors_file) before any
-tensor is planned; every problem is an HFLoadError naming the file.
+(engine.loaders.strict_json) and each shard's header is checked against its size (engine.loaders.safetensors_file)
+before any tensor is planned; every problem is an HFLoadError naming the file.
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """One entry point for every model source: a .kdtr fixture file or a Hugging Face model directory."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from engine.loaders.checkpoint import Checkpoint
 from engine.loaders.hf_import import read_hf_dir
+from engine.loaders.hf_layout import read_json
 from engine.loaders.kdtr import read_kdtr
 from engine.loaders.text import TOKENIZER_FILE, Tokenizer
 
@@ -19,7 +19,8 @@ class ModelLoadError(ValueError):
 
 
 def load_model(path: str | Path) -> Checkpoint:
-    """Load a .kdtr fixture (engine.loaders.kdtr) or a Hugging Face DeepSeek-V3 / Kimi-K2 directory (engine.loaders.hf_import)."""
+    """Load a .kdtr fixture (engine.loaders.kdtr) or a Hugging Face DeepSeek-V3 / Kimi-K2 directory
+    (engine.loaders.hf_import)."""
     path = Path(path)
     if path.is_dir():
         return with_text(read_hf_dir(path), path)
@@ -33,25 +34,36 @@ def load_model(path: str | Path) -> Checkpoint:
                          "model directory (config.json + safetensors)")
 
 
+def _present(path: Path) -> bool:
+    """A file, or anything in its place (a dangling link, a device), which the readers then refuse by name."""
+    return path.exists() or path.is_symlink()
+
+
 def with_text(ckpt: Checkpoint, root: Path) -> Checkpoint:
     """Attach a model directory's tokenizer.json and prompts.json (its example prompts, as text), when it has
-    them; the first prompt becomes the checkpoint's prompt."""
-    if not (root / TOKENIZER_FILE).is_file():
+    them; the first prompt becomes the checkpoint's prompt. Both are read like every other file of the
+    directory (inside it, bounded, strict JSON)."""
+    if not _present(root / TOKENIZER_FILE):
         return ckpt
     tokenizer = Tokenizer.load(root)
     if tokenizer.vocab_size > ckpt.config.vocab_size:
         raise ModelLoadError(f"{root / TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but config.json's "
                              f"vocab_size is {ckpt.config.vocab_size}: the tokenizer belongs to another model")
+    tokenizer.fit_model(ckpt.config.vocab_size)  # a padded vocabulary: ids past the tokenizer show as <id N>
     ckpt.tokenizer = tokenizer
     prompts = root / PROMPTS_FILE
-    if prompts.is_file():
-        try:
-            texts = tuple(p["text"] for p in json.loads(prompts.read_text(encoding="utf-8"))["prompts"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ModelLoadError(f"{prompts}: not a prompts file ({exc}); expected {{\"prompts\": [{{\"text\": "
-                                 "...}, ...]}; fix or delete it") from exc
-        if not texts or not all(isinstance(t, str) and t for t in texts):
-            raise ModelLoadError(f"{prompts}: expected a non-empty list of non-empty prompt texts")
+    if _present(prompts):
+        doc = read_json(root, PROMPTS_FILE)
+        entries = doc.get("prompts") if isinstance(doc, dict) else None
+        if not isinstance(entries, list) or not entries or not all(
+                isinstance(p, dict) and isinstance(p.get("text"), str) and p["text"] for p in entries):
+            raise ModelLoadError(f"{prompts}: field 'prompts' must be a non-empty list of {{\"text\": \"...\"}} "
+                                 "with non-empty texts; fix or delete the file")
+        texts = tuple(p["text"] for p in entries)
+        for i, text in enumerate(texts):
+            if tokenizer.decode(tokenizer.encode(text)) != text:
+                raise ModelLoadError(f"{prompts}: prompts[{i}] does not round-trip through {TOKENIZER_FILE}; fix or "
+                                     "delete the file")
         ckpt.prompt_texts = texts
         ckpt.prompt = np.asarray(tokenizer.encode(texts[0]), dtype=np.int64)
     return ckpt

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -88,20 +89,73 @@ def current_shard() -> Shard | None:
     return Shard(dist.get_rank(), dist.get_world_size())
 
 
+RENDEZVOUS_TIMEOUT_ENV = "DDTREE_RENDEZVOUS_TIMEOUT_S"  # seconds every rank waits for the others to join
+RENDEZVOUS_TIMEOUT_S = 120.0
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ParallelError(f"{name}={raw!r} in the environment: expected an integer >= {minimum} (torchrun sets it; "
+                            "unset WORLD_SIZE, RANK and LOCAL_RANK to run one process)")
+    return value
+
+
+def _rendezvous_timeout() -> float:
+    raw = os.environ.get(RENDEZVOUS_TIMEOUT_ENV, str(RENDEZVOUS_TIMEOUT_S))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ParallelError(f"{RENDEZVOUS_TIMEOUT_ENV}={raw!r}: expected a number of seconds > 0")
+    return seconds
+
+
+def _store(rank: int, world: int) -> dist.TCPStore:
+    """The rendezvous torchrun describes (MASTER_ADDR, MASTER_PORT), waiting at most the rendezvous timeout for
+    every rank: a mistyped launch (WORLD_SIZE=2 with one process) fails fast instead of waiting half an hour."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise ParallelError(f"WORLD_SIZE={world} but MASTER_ADDR / MASTER_PORT are not set: launch with torchrun "
+                            "(it sets them), or unset WORLD_SIZE to run one process")
+    seconds = _rendezvous_timeout()
+    hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"  # torchrun's agent hosts it
+    try:
+        store = dist.TCPStore(addr, _env_int("MASTER_PORT", 0, 1), world, is_master=hosts,
+                              timeout=timedelta(seconds=seconds), wait_for_workers=True)
+    except (RuntimeError, OSError) as exc:  # DistStoreError (a RuntimeError): nobody came, or no connection
+        raise ParallelError(f"rank {rank} of WORLD_SIZE={world}: the other ranks did not join at {addr}:{port} "
+                            f"within {seconds:g} s ({str(exc).splitlines()[0]}); start all {world} processes "
+                            f"(torchrun --nproc-per-node {world}), or unset WORLD_SIZE to run one. "
+                            f"{RENDEZVOUS_TIMEOUT_ENV} sets the wait") from exc
+    store.set_timeout(dist.default_pg_timeout)  # the rendezvous is done: later waits are the collectives' own
+    return store
+
+
 def init_from_env(device: str) -> Shard | None:
     """Join the process group torchrun describes (WORLD_SIZE > 1 in the environment): NCCL for CUDA, each rank on
-    cuda:LOCAL_RANK; gloo for the CPU. None when the process runs alone."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda:LOCAL_RANK; gloo for the CPU. None when the process runs alone. The environment is checked first and
+    the rendezvous waits at most DDTREE_RENDEZVOUS_TIMEOUT_S (ParallelError naming the variable otherwise)."""
+    world = _env_int("WORLD_SIZE", 1, 1)
     if world == 1:
         return None
+    rank = _env_int("RANK", 0, 0)
+    if rank >= world:
+        raise ParallelError(f"RANK={rank} with WORLD_SIZE={world}: a rank is in [0, {world}); fix the launch")
     if device == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
+        local = _env_int("LOCAL_RANK", 0, 0)
         if local >= torch.cuda.device_count():
             raise ParallelError(f"LOCAL_RANK {local}: this machine has {torch.cuda.device_count()} CUDA devices; "
                                 f"start at most that many processes per node")
         torch.cuda.set_device(local)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=_store(rank, world), rank=rank,
+                                world_size=world)
     return current_shard()
 
 

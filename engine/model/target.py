@@ -113,6 +113,16 @@ class TargetModel:
         """The model of ckpt on device in dtype. The weights arrive one at a time, already on the device in dtype
         (ckpt.weights.tensors): a Hugging Face checkpoint goes from its files to the device without a host copy, and
         each routed expert joins its layer's stack as it arrives."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: expected one of {tuple(DTYPES)}")
+        try:
+            where = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device={device!r}: expected 'cpu' or 'cuda' ({exc})") from exc
+        if where.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: torch {torch.__version__} sees no CUDA GPU here; use 'cpu'")
+        if where.type not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r}: expected 'cpu' or 'cuda'")
         return cls(ckpt.config, ckpt.weights.tensors(device, DTYPES[dtype]), moe, shard)
 
     def _split(self, t: torch.Tensor, dim: int, part: slice | None, groups: int | None = None) -> torch.Tensor:

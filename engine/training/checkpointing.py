@@ -1,4 +1,4 @@
-"""The run directory: periodic training checkpoints (checkpoints/step-NNNNNNN.pt) and the finished model.
+"""Periodic training checkpoints in the run directory (checkpoints/step-NNNNNNN.pt; run_dir.py has the rest).
 
 A checkpoint holds everything a resumed run needs to continue exactly: the model (router biases included),
 the optimizer and scheduler, the step, the RNG states, the recipe and the logged history. It is written to a
@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from engine.loaders.hf_layout import SINGLE_FILE
-from engine.loaders.loading import PROMPTS_FILE
-from engine.loaders.text import TOKENIZER_FILE
 from engine.training.recipe import TrainError
 
 CHECKPOINT_DIR = "checkpoints"
-TRAINING_FILE = "training.json"
-RUN_FILES = ("config.json", SINGLE_FILE, TOKENIZER_FILE, TRAINING_FILE, PROMPTS_FILE)  # a finished run's files
+STATE_KEYS = ("step", "recipe", "optimizer", "scheduler", "rng", "history")  # beside the weights' key
 KEEP_CHECKPOINTS = 2
 _NAME = re.compile(r"step-(\d{7})\.pt")
 
@@ -44,12 +41,38 @@ def save_checkpoint(out_dir: Path, state: dict) -> Path:
     return path
 
 
-def load_checkpoint(path: Path) -> dict:
+def load_checkpoint(path: Path, weights_key: str, parse_recipe: Callable[[dict], object]) -> dict:
+    """A checkpoint of this command (weights under weights_key: "model" for train-target, "drafter" for
+    train-drafter), checked for its keys and step, with its recipe parsed by parse_recipe."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a truncated or foreign file
         raise TrainError(f"{path}: not a readable training checkpoint ({exc}); delete it to resume from the one "
                          "before, or start over with --force") from exc
+    keys = {weights_key, *STATE_KEYS}
+    if not isinstance(state, dict) or set(state) != keys:
+        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise TrainError(f"{path}: not a checkpoint of this command (keys {found}, expected {sorted(keys)}); "
+                         "resume it with the command that wrote it, or start over with --force")
+    step = _NAME.fullmatch(path.name)
+    if not isinstance(state["step"], int) or (step is not None and int(step.group(1)) != state["step"]):
+        raise TrainError(f"{path}: its step {state['step']!r} does not match its name; the file was changed. "
+                         "Delete it to resume from the one before, or start over with --force")
+    try:
+        state["recipe"] = parse_recipe(state["recipe"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise TrainError(f"{path}: its recipe is not one of this version ({exc}); start over with --force") from exc
+    return state
+
+
+def restore_checkpoint(trainer, state: dict, path: Path) -> None:
+    """trainer.restore(state), a state that does not fit the trainer's model or optimizer reported as such."""
+    try:
+        trainer.restore(state)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+        raise TrainError(f"{path}: its state does not fit this run ({str(exc).splitlines()[0]}); the file was "
+                         "changed or belongs to another run. Delete it to resume from the one before, or start "
+                         "over with --force") from exc
 
 
 def rng_states() -> dict:
@@ -65,32 +88,6 @@ def restore_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def check_out_dir(out_dir: Path, resume: bool, force: bool) -> Path | None:
-    """Check DIR against --resume/--force, changing nothing; returns the checkpoint to resume from (None: a
-    fresh run). A fresh run into a DIR that holds a finished run needs --force, as does one into a DIR with
-    checkpoints of an unfinished run (or continue that one with --resume)."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TrainError(f"--out {out_dir} is a file; pass a directory (it is created if missing)")
-    finished = (out_dir / TRAINING_FILE).is_file()
-    found = checkpoints(out_dir)
-    if resume:
-        if force:
-            raise TrainError("--resume and --force contradict each other: --resume continues the run in --out, "
-                             "--force starts it over")
-        if finished:
-            raise TrainError(f"{out_dir} holds a finished run ({TRAINING_FILE}); there is nothing to resume. "
-                             "Pass --force (without --resume) to train it again, or choose another --out")
-        if not found:
-            raise TrainError(f"--resume: {out_dir / CHECKPOINT_DIR} holds no checkpoint; start the run without "
-                             "--resume")
-        return found[-1]
-    if (finished or found) and not force:
-        what = f"a finished run ({TRAINING_FILE})" if finished else f"checkpoints of an unfinished run ({found[-1]})"
-        raise TrainError(f"{out_dir} holds {what}; pass --resume to continue an unfinished run, --force to start "
-                         "over, or choose another --out")
-    return None
-
-
 def remove_checkpoints(out_dir: Path) -> None:
     """Delete the run's checkpoints (and their folder, once empty)."""
     for path in checkpoints(out_dir):
@@ -98,11 +95,3 @@ def remove_checkpoints(out_dir: Path) -> None:
     folder = out_dir / CHECKPOINT_DIR
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
-
-
-def start_out_dir(out_dir: Path) -> None:
-    """Create DIR for a fresh run, deleting only what an earlier run wrote there (its checkpoints and files)."""
-    remove_checkpoints(out_dir)
-    for name in RUN_FILES:
-        (out_dir / name).unlink(missing_ok=True)
-    out_dir.mkdir(parents=True, exist_ok=True)

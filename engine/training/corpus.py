@@ -70,6 +70,9 @@ class Corpus:
                 yield path.read_text(encoding="utf-8")
             except UnicodeDecodeError as exc:
                 raise CorpusError(f"{path}: not UTF-8 text ({exc}); convert it or remove it from the corpus") from exc
+            except OSError as exc:
+                raise CorpusError(f"{path}: cannot be read ({exc.strerror}); fix its permissions or remove it from "
+                                  "the corpus") from exc
 
     def num_bytes(self) -> int:
         return sum((self.root / f).stat().st_size for f in self.files)
@@ -128,10 +131,10 @@ def _line_starts(text: str) -> list[int]:
 
 
 def draw_prompts(corpus: Corpus, tokenizer: Tokenizer, num_prompts: int, prompt_len: int, seed: int,
-                 split: str = "held-out") -> np.ndarray:
+                 split: str = "held-out", advice: str = "use a --corpus-dir with more text") -> np.ndarray:
     """num_prompts prompts of exactly prompt_len tokens [num_prompts, prompt_len] int64, each the start of a
     non-blank line of a file of split, drawn without repetition in an order fixed by seed (the same seed,
-    corpus and tokenizer give the same prompts)."""
+    corpus and tokenizer give the same prompts). advice: what the error says to do when there are too few."""
     if num_prompts < 1 or prompt_len < 1:
         raise CorpusError(f"num_prompts={num_prompts}, prompt_len={prompt_len}: both must be >= 1")
     texts = list(corpus.texts(split))
@@ -146,4 +149,4 @@ def draw_prompts(corpus: Corpus, tokenizer: Tokenizer, num_prompts: int, prompt_
         if len(prompts) >= num_prompts:
             return np.asarray(prompts[:num_prompts], dtype=np.int64)
     raise CorpusError(f"the {split} split of {corpus.name} has only {len(prompts)} line starts followed by "
-                      f"{prompt_len} tokens; ask for fewer or shorter prompts")
+                      f"{prompt_len} tokens, {num_prompts} needed; {advice}")

@@ -32,7 +32,7 @@ class WindowSampler:
         self.num_windows = (stream.numel() - seq_len) // seq_len  # fits at any offset in [0, seq_len)
         if self.num_windows < 1:
             raise TrainError(f"the train split has {stream.numel()} tokens, fewer than two windows of "
-                             f"seq_len={seq_len}; use a larger corpus or a shorter --seq-len")
+                             f"seq_len={seq_len}; use a --corpus-dir with more text or a shorter --seq-len")
         self.stream, self.seq_len, self.batch_size, self.seed = stream, seq_len, batch_size, seed
         self.span = torch.arange(seq_len + 1, device=stream.device)
         self._starts: dict[int, torch.Tensor] = {}
@@ -70,6 +70,6 @@ def eval_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.
     n = min(max_windows, (stream.numel() - 1) // seq_len)
     if n < 1:
         raise TrainError(f"the held-out split has {stream.numel()} tokens, fewer than one window of "
-                         f"seq_len={seq_len}; use a larger corpus or a shorter --seq-len")
+                         f"seq_len={seq_len}; use a --corpus-dir with more text or a shorter --seq-len")
     starts = torch.linspace(0, stream.numel() - 1 - seq_len, n).round().long()
     return stream[starts[:, None] + torch.arange(seq_len + 1)]

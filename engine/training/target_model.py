@@ -1,7 +1,7 @@
 """The target architecture (DeepSeek-V3 / Kimi-K2) as a trainable torch nn.Module.
 
-It computes the forward of engine/model/reference.py and engine/model/target.py (RMSNorm, MLA with an optional q low-rank
-path, RoPE, dense SwiGLU below first_k_dense_replace and MoE above it, final norm, lm_head), but the naive way
+It computes the forward of engine/model/reference.py and engine/model/target.py (RMSNorm, MLA with an optional q
+low-rank path, RoPE, dense SwiGLU below first_k_dense_replace and MoE above it, final norm, lm_head), but the naive way
 that trains fast: kv_b_proj expands the latent to per-head K and V, and scaled_dot_product_attention attends
 causally. Parameters carry exactly engine.model.weights' names (Hugging Face checkpoint names), so the state_dict
 saved as safetensors is a checkpoint engine.loaders.hf_import.read_hf_dir loads as it is.
