@@ -122,8 +122,8 @@ def _model() -> str:
     st.header("Model")
     names = [*bundled_models(), *st.session_state.uploads]
     model = st.selectbox("Checkpoint", names, key="model",
-                         help="The models under models/ (the first is the default), the fixtures in tests/refs, "
-                              "then your uploads and paths.")
+                         help="The models under models/ (the trained pair first, the default; then the .kdtr "
+                              "fixtures there), then your uploads and paths.")
     st.file_uploader("Upload a .kdtr", type=["kdtr"], key="upload", on_change=_on_upload,
                      help="Validated by the same loader as the CLI (engine.loaders.kdtr.read_kdtr).")
     st.text_input("Or load a path", key="model_path", on_change=_on_path,
