@@ -12,25 +12,38 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 
-from engine.config import MAX_BUDGET, DecodeConfig
+from engine.config import AUTO_BUDGET_MAX, MAX_BUDGET, DecodeConfig
 from engine.decoding.request import DecodeRequest
 from engine.decoding.session import continuation_of, load_target, make_decoder
 from engine.model.target import TargetModel
 from profiling.metrics import run_time_ns, tau
 from profiling.repeats import stats
 
-DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, "auto")  # auto: --budget auto beside the fixed budgets
 
 
-def parse_budgets(text: str) -> list[int]:
-    """Budgets typed as "1, 2, 4" or "1 2 4": sorted, duplicates dropped, each in [0, MAX_BUDGET]."""
+def parse_budgets(text: str) -> list[int | str]:
+    """Budgets typed as "1, 2, 4, auto" or "1 2 4 auto:64": the fixed ones sorted, duplicates dropped, each in
+    [0, MAX_BUDGET], then the auto ones as "auto:MAX" (auto alone: auto:AUTO_BUDGET_MAX)."""
     parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
     if not parts:
         raise ValueError(f"no budgets given: type integers in [0, {MAX_BUDGET}] separated by commas or spaces")
-    bad = [p for p in parts if not re.fullmatch(r"\d+", p) or int(p) > MAX_BUDGET]
+    auto = [p for p in parts if re.fullmatch(r"auto(:\d+)?", p)]
+    fixed = [p for p in parts if p not in auto]
+    bad = [p for p in fixed if not re.fullmatch(r"\d+", p) or int(p) > MAX_BUDGET]
+    bad += [p for p in auto if not 1 <= int(p.partition(":")[2] or AUTO_BUDGET_MAX) <= MAX_BUDGET]
     if bad:
-        raise ValueError(f"budgets {bad[:5]} are not integers in [0, {MAX_BUDGET}]: type e.g. 1, 2, 4, 8")
-    return sorted({int(p) for p in parts})
+        raise ValueError(f"budgets {bad[:5]} are not integers in [0, {MAX_BUDGET}] or auto[:MAX] with MAX in "
+                         f"[1, {MAX_BUDGET}]: type e.g. 1, 2, 4, 8, auto")
+    labels = sorted({f"auto:{p.partition(':')[2] or AUTO_BUDGET_MAX}" for p in auto}, key=lambda s: int(s[5:]))
+    return [*sorted({int(p) for p in fixed}), *labels]
+
+
+def config_for(cfg: DecodeConfig, budget: int | str) -> DecodeConfig:
+    """cfg at one sweep budget: a fixed B, or "auto:MAX"."""
+    if isinstance(budget, str):
+        return dataclasses.replace(cfg, budget=int(budget.partition(":")[2]), auto_budget=True)
+    return dataclasses.replace(cfg, budget=budget, auto_budget=False)
 
 
 def budget_sweep(request: DecodeRequest, budgets: Sequence[int], repeats: int = 1, model: TargetModel | None = None,
@@ -47,8 +60,8 @@ def budget_sweep(request: DecodeRequest, budgets: Sequence[int], repeats: int = 
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
     cfg = request.config
-    configs = [dataclasses.replace(cfg, budget=b) for b in budgets]  # DecodeConfig validates each budget
-    configs = sorted({c.budget: c for c in configs}.values(), key=lambda c: c.budget)
+    configs = [config_for(cfg, b) for b in budgets]  # DecodeConfig validates each budget
+    configs = sorted({c.budget_label: c for c in configs}.values(), key=lambda c: (c.auto_budget, c.budget))
     if not configs:
         raise ValueError("no budgets to sweep: give at least one budget")
     ckpt, prompt = request.checkpoint, request.prompt
@@ -63,7 +76,8 @@ def budget_sweep(request: DecodeRequest, budgets: Sequence[int], repeats: int = 
     for i, c in enumerate(configs):
         records = [run(c) for _ in range(repeats)]
         ms = stats([run_time_ns(r) / 1e6 / len(r.tokens) for r in records])
-        rows.append({"budget": c.budget, "tau": tau(records[0]), "ms_per_token": ms["median"],
+        budget = c.budget_label if c.auto_budget else c.budget
+        rows.append({"budget": budget, "tau": tau(records[0]), "ms_per_token": ms["median"],
                      "ms_p10": ms["p10"], "ms_p90": ms["p90"], "tokens_per_s": 1e3 / ms["median"],
                      "num_steps": records[0].num_steps, "repeats": repeats})
         if on_progress is not None:

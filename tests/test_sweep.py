@@ -118,3 +118,21 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
 def test_cli_reports_bad_budgets(capsys):
     assert main(["sweep", "--budgets", "1, two"]) == 2
     assert "'two'" in capsys.readouterr().err
+
+
+def test_parse_budgets_takes_auto_after_the_fixed_ones():
+    assert parse_budgets("64, auto, 16, auto:32, auto") == [16, 64, "auto:32", "auto:256"]
+    with pytest.raises(ValueError, match="'auto:0'"):
+        parse_budgets("auto:0")
+    with pytest.raises(ValueError, match="'auto:x'"):
+        parse_budgets("auto:x")
+
+
+def test_the_sweep_runs_auto_beside_the_fixed_budgets(tiny_checkpoint):
+    """An auto row decodes the same prompt with --budget auto:MAX, after the fixed rows, labelled by its label."""
+    cfg = DecodeConfig(max_new_tokens=16)
+    request = DecodeRequest(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, DrafterSpec(noise=0.2))
+    rows = budget_sweep(request, [4, "auto:16"])
+    assert [r["budget"] for r in rows] == [4, "auto:16"]
+    assert all(r["tau"] >= 1 and r["ms_per_token"] > 0 for r in rows)
+    assert "auto:16" in format_rows(rows)

@@ -64,18 +64,26 @@ def step_timeline(step: StepRecord) -> go.Figure:
 
 
 def sweep(rows: list[dict]) -> go.Figure:
-    budgets = [r["budget"] for r in rows]
+    """tau and ms per token against the fixed budgets; an auto row (--budget auto:MAX) is a dashed level across
+    both, so it reads against the whole curve."""
+    fixed = [r for r in rows if not isinstance(r["budget"], str)]
+    budgets = [r["budget"] for r in fixed]
     fig = make_subplots(1, 2, subplot_titles=("tau (tokens per step) vs B", "ms per generated token vs B"))
-    fig.add_scatter(x=budgets, y=[r["tau"] for r in rows], mode="lines+markers", row=1, col=1, showlegend=False)
-    fig.add_scatter(x=budgets, y=[r["ms_per_token"] for r in rows], mode="lines+markers", row=1, col=2,
+    fig.add_scatter(x=budgets, y=[r["tau"] for r in fixed], mode="lines+markers", row=1, col=1, showlegend=False)
+    fig.add_scatter(x=budgets, y=[r["ms_per_token"] for r in fixed], mode="lines+markers", row=1, col=2,
                     showlegend=False, error_y={"type": "data", "symmetric": False,
-                                               "array": [r["ms_p90"] - r["ms_per_token"] for r in rows],
-                                               "arrayminus": [r["ms_per_token"] - r["ms_p10"] for r in rows]})
+                                               "array": [r["ms_p90"] - r["ms_per_token"] for r in fixed],
+                                               "arrayminus": [r["ms_per_token"] - r["ms_p10"] for r in fixed]})
+    for r in (r for r in rows if isinstance(r["budget"], str)):
+        for col, key in ((1, "tau"), (2, "ms_per_token")):
+            fig.add_hline(y=r[key], line_dash="dash", line_color="#2ca02c", row=1, col=col,
+                          annotation_text=f"{r['budget']}: {r[key]:.3g}", annotation_position="top left")
     best = winner(rows)
-    if best is not None:  # starred only when clear of every other budget's p10-p90 range
+    if best is not None and not isinstance(best["budget"], str):  # starred only when clear of every other's range
         fig.add_scatter(x=[best["budget"]], y=[best["ms_per_token"]], mode="markers", row=1, col=2, name="fastest",
                         marker={"size": 14, "symbol": "star", "color": "#d62728"})
-    fig.update_xaxes(type="log" if min(budgets) > 0 else "linear", tickvals=budgets, title_text="budget B")
+    if budgets:
+        fig.update_xaxes(type="log" if min(budgets) > 0 else "linear", tickvals=budgets, title_text="budget B")
     fig.update_layout(height=340, margin={"t": 40, "b": 40})
     return fig
 
