@@ -71,6 +71,19 @@ st.dataframe(views.stage_rows(step), hide_index=True, width="stretch", height="c
              column_config={"ms": st.column_config.NumberColumn(format="%.3f"),
                             "share": st.column_config.ProgressColumn(min_value=0.0, max_value=1.0, format="percent")})
 
+if step.budget is not None:
+    st.subheader("Budget choice (auto)")
+    choice = step.budget
+    verified = step.tree.num_nodes - 1
+    st.caption(f"This step {'drafted and ' if choice.drafted else 'took an AR step without a draft, '}chose "
+               f"b = {choice.chosen} of {choice.buckets} and verified {verified} drafted nodes. Expected tokens: 1 + "
+               "the summed probabilities of the first b nodes' paths (the drafter's marginals, corrected per depth "
+               "and rank by what the run realised); predicted ms: the step time measured at each budget; the "
+               "chosen b has the most expected tokens per second (b = 0 backs off to AR steps, which verify the "
+               "smallest tree when they probe).")
+    st.plotly_chart(charts.budget_choice(choice), width="stretch", key="budget_choice")
+    st.plotly_chart(charts.budget_confidence(steps), width="stretch", key="budget_confidence")
+
 if step.probs is not None and s.temperature > 0:
     st.subheader("Probabilities")
     st.caption("At T > 0 the target samples, so acceptance is a chance. Expected accepted: the sum over drafted "

@@ -340,3 +340,19 @@ def test_a_path_loads_a_hugging_face_directory_and_a_bad_path_keeps_the_model(ti
     press(at, "Run to end")
     golden = tiny_checkpoint.golden_tokens.tolist()
     assert shown_tokens(at)[: len(golden)] == golden, "the Hugging Face copy decodes the fixture's golden tokens"
+
+
+def test_the_auto_budget_steps_show_their_choice_and_match_ar(tiny_checkpoint):
+    """Auto budget on: each step's choice is drawn (expected tokens, predicted ms and their ratio per bucket, the
+    calibration), the verified tree is a bucket's truncation, and the text is still AR's."""
+    at = start()
+    at.sidebar.number_input(key="budget").set_value(32)
+    at.sidebar.toggle(key="auto_budget").set_value(True)
+    run(at)
+    press(at, "Run to end")
+    steps = at.session_state["live"].decoder.steps
+    assert all(s.budget is not None and s.tree.num_nodes - 1 in (0, *s.budget.buckets) for s in steps)
+    assert any(sub.value == "Budget choice (auto)" for sub in at.subheader)
+    specs = plotly_specs(at)
+    assert any("expected tokens per second" in spec for spec in specs)
+    assert shown_tokens(at) == engine_tokens(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), DecodeConfig())

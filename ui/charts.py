@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
-from engine.records import MODE_LABELS, RunRecord, StepRecord
+from engine.records import MODE_LABELS, BudgetChoice, RunRecord, StepRecord
 from profiling.charts import MODE_COLORS
 from profiling.metrics import self_ns
 from profiling.spans import nested, step_spans
@@ -145,3 +145,34 @@ def runs_timeline(runs: dict[str, RunRecord]) -> go.Figure:
                       title="The runs on one time axis")
     fig.update_yaxes(autorange="reversed", automargin=True)
     return fig
+
+
+def budget_choice(choice: BudgetChoice) -> go.Figure:
+    """One step's --budget auto decision over its buckets: the expected tokens the step commits (1 + expected
+    accepted), the predicted step time, and their ratio with the chosen budget marked."""
+    x = [str(b) for b in choice.buckets]
+    fig = make_subplots(1, 3, subplot_titles=("expected tokens (1 + accepted)", "predicted step ms",
+                                              "expected tokens per second"))
+    fig.add_bar(x=x, y=[1 + e for e in choice.expected], row=1, col=1, showlegend=False)
+    fig.add_bar(x=x, y=[c * 1e3 for c in choice.cost_s], row=1, col=2, showlegend=False)
+    colours = ["#d62728" if b == choice.chosen else "#1f77b4" for b in choice.buckets]
+    fig.add_bar(x=x, y=choice.value, marker_color=colours, row=1, col=3, showlegend=False)
+    fig.update_xaxes(title_text="budget b", type="category")
+    fig.update_layout(height=300, margin={"t": 40, "b": 40})
+    return fig
+
+
+def budget_confidence(steps: list[StepRecord]) -> go.Figure:
+    """The drafter's confidence correction per depth (realised over predicted acceptance) as the run learned it:
+    one line per depth for the top-ranked token, over the steps."""
+    chosen = [s for s in steps if s.budget is not None]
+    fig = go.Figure()
+    depths = len(chosen[-1].budget.confidence) if chosen else 0
+    for d in range(1, depths):
+        fig.add_scatter(x=[s.index for s in chosen], y=[s.budget.confidence[d][0] for s in chosen],
+                        mode="lines", name=f"depth {d}")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    fig.update_layout(height=300, margin={"t": 30, "b": 40}, xaxis_title="step",
+                      yaxis_title="realised / predicted (top rank)")
+    return fig
+
