@@ -95,7 +95,7 @@ def test_a_registered_drafter_gets_its_sidebar_control_and_link_parameter(monkey
     at = open_link({"model": FIXTURE.name, "drafter": "toy", "width": "5"})
     width = at.sidebar.number_input(key="width")
     assert (width.label, width.min, width.max, width.value) == ("Width", 1, 8, 5)
-    assert at.session_state["settings"].drafter == DrafterSpec("toy", width=5)
+    assert at.session_state["live"].settings.drafter == DrafterSpec("toy", width=5)
     assert params_of(at)["width"] == "5"
     notice = next(i.value for i in open_link({"drafter": "toy", "width": "9"}).info if "link's settings" in i.value)
     assert "width='9' (expected an integer in [1, 8])" in notice

@@ -20,6 +20,7 @@ from engine.model.fixtures import random_weights
 from engine.model.layers import rowwise
 from engine.model.target import ROW_BLOCK, TargetModel
 from profiling.divergence import NEAR_TIE, REAL, classify, tolerance, verdict
+from profiling.measurement import Measurement
 from profiling.metrics import summarize
 
 
@@ -113,7 +114,7 @@ def test_divergences_are_classified_by_the_stated_rule():
 def test_run_exits_1_on_a_real_divergence_and_says_so(monkeypatch, capsys):
     runs = fake_runs(random.randrange(2**31), max_new=12, diverge_at=4)
     runs["ar"].logits[4, runs["ddtree"].tokens[4]] = runs["ar"].logits[4].max() - 1.0
-    monkeypatch.setattr(run_cli, "decode_runs", lambda *a, **k: runs)
+    monkeypatch.setattr(run_cli, "measure", lambda *a, **k: Measurement.of(runs))
     assert main(["run", "--max-new", "12"]) == 1
     out = capsys.readouterr().out
     assert "REAL DIVERGENCE" in out and "speedup measured over different outputs" in out

@@ -34,8 +34,8 @@ def test_bench_moe_quick_cpu(moe_run):
     num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     assert [(r["mode"], r["drafter"], r["budget"], r["noise"]) for r in rows] == [("AR", None, 0, None)] + [
-        ("DDTree", "oracle", b, n) for n in plan["noises"] for b in plan["budgets"]] + [
-        ("chain", "dflash", None, None)] + [("DDTree", "dflash", b, None) for b in plan["budgets"]]
+        ("DDTree", "oracle", b, n) for n in plan["noises"] for b in (*plan["budgets"], "auto")] + [
+        ("chain", "dflash", None, None)] + [("DDTree", "dflash", b, None) for b in (*plan["budgets"], "auto")]
     assert_positive(data, "prefill_ms", "model_bytes")
     assert data["model_bytes"] == model_bytes(cfg, 4) and data["moe_path"] in ("sparse", "dense")
     for r in rows:
@@ -43,7 +43,8 @@ def test_bench_moe_quick_cpu(moe_run):
         assert r["graph_step_ms"] is None and r["tokens_match_ar"] is True
         assert 1 <= r["tau_eager"] <= plan["block_size"]
         assert len(r["touched_per_layer"]) == num_moe and r["touched"] == pytest.approx(sum(r["touched_per_layer"]))
-        assert r["num_nodes"] == (plan["dflash_block_size"] if r["mode"] == "chain" else r["budget"] + 1)
+        nodes = r["nodes_verified"] if r["budget"] == "auto" else r["budget"] + 1  # auto: the mean verified
+        assert r["num_nodes"] == (plan["dflash_block_size"] if r["mode"] == "chain" else nodes)
         assert all(k <= t <= min(e, r["num_nodes"] * k) for t in r["touched_per_layer"])
         assert r["eager_over_floor"] == pytest.approx(r["eager_step_ms"] / r["floor_ms"])
         assert r["uniform_touched"] == pytest.approx(e * (1 - (1 - k / e) ** r["num_nodes"]))

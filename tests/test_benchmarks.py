@@ -92,7 +92,7 @@ def test_bench_decode_quick_cpu(decode_run):
     plan, rows = data["plan"], data["rows"]
     assert [(r["mode"], r["drafter"], r["budget"], r["noise"]) for r in rows] == [("AR", None, 0, None)] + [
         ("DDTree", "oracle", b, n) for n in plan["noises"] for b in plan["budgets"]] + [
-        ("chain", "dflash", None, None)] + [("DDTree", "dflash", b, None) for b in plan["budgets"]] + [
+        ("chain", "dflash", None, None)] + [("DDTree", "dflash", b, None) for b in (*plan["budgets"], "auto")] + [
         ("AR", None, 0, None), ("DDTree", "oracle", plan["budgets"][len(plan["budgets"]) // 2], 0.0)]
     assert [r["batch_invariant"] for r in rows] == [False] * (len(rows) - 2) + [True, True]
     for r in rows[-2:]:  # the batch-invariant mode beside its fast twin, in the same run

@@ -38,6 +38,7 @@ from engine.model.moe import (
 from engine.model.target import ROW_BLOCK, TargetModel
 from engine.model.weights import weight_shapes
 from profiling import metrics, report
+from profiling.measurement import Measurement
 from profiling.schema import REPORT_SCHEMA
 
 
@@ -314,13 +315,13 @@ def test_reports_and_metrics_carry_the_expert_traffic():
     prompt = np.random.default_rng(seed).integers(ckpt.config.vocab_size, size=5).tolist()
     cfg = DecodeConfig(budget=24, block_size=4, max_new_tokens=9)
     runs = decode_runs(ckpt, prompt, cfg, DrafterSpec(noise=0.3), ("ddtree",), model=model)
-    doc = json.loads(report.render(runs, "report.json"))
+    doc = json.loads(report.render(Measurement.of(runs), "report.json"))
     jsonschema.validate(doc, REPORT_SCHEMA)
     records = [s for run in runs.values() for s in run.steps]
     for step, rec in zip(doc["steps"], records, strict=True):
         assert step["experts"] == {"touched": rec.experts.touched, "bytes_per_expert": model.bytes_per_expert,
                                    "bytes_read": sum(rec.experts.touched) * model.bytes_per_expert}
-    rows = list(csv.DictReader(io.StringIO(report.render(runs, "steps.csv").decode())))
+    rows = list(csv.DictReader(io.StringIO(report.render(Measurement.of(runs), "steps.csv").decode())))
     for row, rec in zip(rows, records, strict=True):
         assert [int(t) for t in row["experts_touched"].split()] == rec.experts.touched
         assert int(row["expert_bytes"]) == rec.experts.bytes_read

@@ -270,4 +270,5 @@ def test_reference_shares_no_code_with_the_torch_model():
     tree = ast.parse(pathlib.Path(reference.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert imported <= {"__future__", "math", "collections.abc", "dataclasses", "numpy", "config", "weights"}
+    assert imported <= {"__future__", "math", "collections.abc", "dataclasses", "numpy", "engine.config",
+                        "engine.model.weights"}

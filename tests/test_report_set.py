@@ -14,6 +14,7 @@ from fake_records import fake_runs
 
 from cli.__main__ import main
 from profiling import report
+from profiling.measurement import Measurement
 
 ROOT = pathlib.Path(__file__).parents[1]
 TINY = ROOT / "models" / "model_tiny.kdtr"
@@ -23,7 +24,8 @@ import sys
 sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
 from fake_records import fake_runs
 from profiling import report
-report.write_all(fake_runs({SEED}), sys.argv[1], force=True)
+from profiling.measurement import Measurement
+report.write_all(Measurement.of(fake_runs({SEED})), sys.argv[1], force=True)
 """
 POINTS = [f"wrote {name}" for name in report.FORMATS] + ["written", "swapped"]
 
@@ -40,9 +42,9 @@ def old_set(directory: pathlib.Path) -> dict[str, bytes]:
 
 
 def is_new_set(files: dict[str, bytes]) -> bool:
-    pair = fake_runs(SEED)
+    measurement = Measurement.of(fake_runs(SEED))
     return sorted(files) == sorted(report.FORMATS) and all(
-        files[name] == report.render(pair, name) for name in report.FORMATS if name != "report.html")
+        files[name] == report.render(measurement, name) for name in report.FORMATS if name != "report.html")
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -59,7 +61,7 @@ def test_a_writer_killed_at_any_point_leaves_one_whole_set(tmp_path, point):
         assert after == before
     assert len(list(tmp_path.iterdir())) > 1, "the killed writer left its temporaries (and lock) beside the set"
 
-    report.write_all(fake_runs(SEED), out, force=True)  # the next writer cleans them up
+    report.write_all(Measurement.of(fake_runs(SEED)), out, force=True)  # the next writer cleans them up
     assert is_new_set(snapshot(out))
     assert [p.name for p in tmp_path.iterdir()] == ["reports"]
 
@@ -71,7 +73,7 @@ def test_stale_temporaries_of_the_old_writer_are_cleaned(tmp_path):
     (out / ".kernels.csv.4242.0123abcd.old").write_text("old")
     (tmp_path / ".reports.new-4242-ff").mkdir()
     (tmp_path / ".reports.new-4242-ff" / "report.json").write_text("half")
-    report.write_all(fake_runs(SEED), out, force=True)
+    report.write_all(Measurement.of(fake_runs(SEED)), out, force=True)
     assert is_new_set(snapshot(out))
     assert [p.name for p in tmp_path.iterdir()] == ["reports"]
 
@@ -82,7 +84,7 @@ def test_a_set_left_only_as_the_old_directory_is_put_back(tmp_path):
     out = tmp_path / "reports"
     before = old_set(tmp_path / ".reports.old-4242-ff")
     with pytest.raises(report.ReportError, match="--force"):
-        report.write_all(fake_runs(SEED), out)
+        report.write_all(Measurement.of(fake_runs(SEED)), out)
     assert snapshot(out) == before
     assert [p.name for p in tmp_path.iterdir()] == ["reports"]
 
@@ -92,7 +94,7 @@ def test_a_folder_with_other_files_is_refused(tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     with pytest.raises(report.ReportError, match="notes.txt, which are not part of a report set"):
-        report.write_all(fake_runs(SEED), out, force=True)
+        report.write_all(Measurement.of(fake_runs(SEED)), out, force=True)
     assert snapshot(out) == {"notes.txt": b"mine"}
     assert [p.name for p in tmp_path.iterdir()] == ["project"]
 

@@ -171,7 +171,7 @@ class AutoBudgetDecoder(Decoder):
         else:
             self._drafted = True
             tree, draft, prefix_len, expected = self._run("draft", self._draft_part)
-            choice = choose(expected.tolist(), self.costs)
+            choice = self._agreed(choose(expected.tolist(), self.costs))
             self._observe_last_step()
             self.last_choice = choice
             if choice.budget == 0:
@@ -184,6 +184,17 @@ class AutoBudgetDecoder(Decoder):
         if self._to_capture:
             self.capture_graph()
         return out
+
+    def _agreed(self, choice: Choice) -> Choice:
+        """Across the ranks of a parallel model, rank 0's choice (each rank's timings differ, and the ranks must
+        verify the same tree); alone, the choice itself."""
+        shard = self.model.shard
+        if shard is None:
+            return choice
+        chosen = torch.tensor([choice.budget if shard.rank == 0 else 0], device=self.model.device)
+        shard.all_reduce(chosen)
+        budget = int(chosen)
+        return Choice(budget, choice.expected, choice.cost_s, choice.value)
 
     def _mark(self):
         """A point in the step's time line: a recorded CUDA event on the GPU (read later, never waited for), the
