@@ -98,7 +98,8 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
             positions.append(per_position_acceptance(run))
         texts.append(with_text(run, ckpt).text)
     chosen = [s.budget.chosen for run in runs for s in run.steps if s.budget is not None]
-    return {"mode": MODE_LABELS[mode], "budget": cfg.budget_label if mode == "ddtree" else None,
+    budget = (cfg.budget_label if cfg.auto_budget else cfg.budget) if mode == "ddtree" else None
+    return {"mode": MODE_LABELS[mode], "budget": budget,
             "chosen": " ".join(f"{b}:{chosen.count(b)}" for b in sorted(set(chosen))) if chosen else None,
             "tau": float(np.mean(taus)) if taus else 1.0,
             "per_position_acceptance": np.mean(positions, axis=0).tolist() if positions else [],

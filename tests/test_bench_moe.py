@@ -43,8 +43,10 @@ def test_bench_moe_quick_cpu(moe_run):
         assert r["graph_step_ms"] is None and r["tokens_match_ar"] is True
         assert 1 <= r["tau_eager"] <= plan["block_size"]
         assert len(r["touched_per_layer"]) == num_moe and r["touched"] == pytest.approx(sum(r["touched_per_layer"]))
-        nodes = r["nodes_verified"] if r["budget"] == "auto" else r["budget"] + 1  # auto: the mean verified
-        assert r["num_nodes"] == (plan["dflash_block_size"] if r["mode"] == "chain" else nodes)
+        if r["mode"] == "chain":
+            assert r["num_nodes"] == plan["dflash_block_size"]
+        else:  # auto: the mean tree it verified
+            assert r["num_nodes"] == (r["nodes_verified"] if r["budget"] == "auto" else r["budget"] + 1)
         assert all(k <= t <= min(e, r["num_nodes"] * k) for t in r["touched_per_layer"])
         assert r["eager_over_floor"] == pytest.approx(r["eager_step_ms"] / r["floor_ms"])
         assert r["uniform_touched"] == pytest.approx(e * (1 - (1 - k / e) ** r["num_nodes"]))
@@ -100,6 +102,8 @@ def test_under_torchrun_rank_0_writes_the_split_run_with_its_communication_share
     assert data["world_size"] == 2 and data["parallel"]["experts_per_rank"] == quick_k2().n_routed_experts // 2
     assert data["layer"] == [] and proc.stdout.count("wrote ") == 1
     for row, one in zip(data["rows"], alone, strict=True):
-        assert row["tokens_match_ar"] is True and row["tau_eager"] == one["tau_eager"]
+        assert row["tokens_match_ar"] is True and 0 < row["comm_share"] < 1 and "floor_ms" not in row
+        if row["budget"] == "auto":  # its choices follow each run's measured costs: the tokens agree, not the trees
+            continue
+        assert row["tau_eager"] == one["tau_eager"]
         assert row["touched_per_layer"] == one["touched_per_layer"], "the ranks route every token as one process"
-        assert 0 < row["comm_share"] < 1 and "floor_ms" not in row

@@ -162,7 +162,8 @@ def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, cap
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "pair-cpu.json").read_text())
     modes = [r["mode"] for r in result["rows"]]
-    assert modes == ["AR", "chain", "DDTree"] and all(r["exact"] == "4/4" for r in result["rows"])
+    assert modes == ["AR", "chain", "DDTree", "DDTree"] and all(r["exact"] == "4/4" for r in result["rows"])
+    assert [r["budget"] for r in result["rows"][2:]] == [16, "auto:16"] and "auto (auto:16):" in out
     assert 0 < result["distinct_4gram_rate"] <= 1 and "tau / chain" in out
     tree = result["rows"][2]
     assert tree["tau"] >= result["rows"][1]["tau"] - 1e-9 and len(tree["per_position_acceptance"]) == 7
