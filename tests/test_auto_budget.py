@@ -26,7 +26,7 @@ from engine.decoding.budget import (
     log_confidence,
     path_sums,
 )
-from engine.decoding.decoder import ARDecoder
+from engine.decoding.decoder import ARDecoder, DecodeError
 from engine.decoding.session import continuation_of
 from engine.drafters import DrafterSpec, DraftTarget, build_drafter
 from engine.model.target import TargetModel
@@ -297,3 +297,9 @@ def test_a_bad_budget_flag_is_a_clear_error(flag, message, capsys):
         code = exc.code
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_auto_decoder_needs_a_tree_to_choose_from(tiny):
+    ckpt, model = tiny
+    with pytest.raises(DecodeError, match="at least 1 node"):
+        auto_decoder(ckpt, model, DecodeConfig(budget=0), DrafterSpec())

@@ -31,7 +31,7 @@ from engine.decoding.budget import (
     learn_confidence,
     log_confidence,
 )
-from engine.decoding.decoder import Decoder, _StepTensors
+from engine.decoding.decoder import DecodeError, Decoder, _StepTensors
 from engine.decoding.trees import root_tree
 from engine.drafters import Drafter
 from engine.model.target import TargetModel
@@ -60,6 +60,8 @@ class AutoBudgetDecoder(Decoder):
 
     def __init__(self, model: TargetModel, prompt: Sequence[int], cfg: DecodeConfig, drafter: Drafter,
                  timer: StepTimer | None = None, cuda_graph: bool = False) -> None:
+        if cfg.budget < 1:
+            raise DecodeError(f"an auto budget needs a largest tree of at least 1 node, got budget={cfg.budget}")
         super().__init__(model, prompt, cfg, "ddtree", drafter, timer, cuda_graph)
         dev = model.device
         self.buckets = buckets_up_to(cfg.budget)
