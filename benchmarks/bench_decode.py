@@ -151,8 +151,9 @@ def dflash_rows(model: TargetModel, prompt: list[int], plan: Plan, decode_cfg: C
         key = {"mode": MODE_LABELS["ddtree" if mode == "auto" else mode], "budget": "auto" if mode == "auto"
                else budget, "noise": None, "drafter": "dflash"}
         build = functools.partial(make, mode, budget or 0)
-        rows.append(guarded(key, lambda key=key, build=build: {**key, **measure_decoder(build, plan, cuda),
-                                                               **(extra(build) if extra else {})}))
+        window = plan.auto_tokens if mode == "auto" else 0
+        rows.append(guarded(key, lambda key=key, build=build, window=window: {
+            **key, **measure_decoder(build, plan, cuda, window), **(extra(build) if extra else {})}))
         if "error" not in rows[-1]:
             share = rows[-1]["stage_share"]["drafter"]
             where = f" B={budget}" if budget is not None else ""

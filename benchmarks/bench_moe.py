@@ -60,7 +60,7 @@ from benchmarks.common import (
 )
 from benchmarks.decode_steps import Plan, measure_decoder
 from engine.config import DecodeConfig, ModelConfig
-from engine.decoding.auto_budget import AutoBudgetDecoder
+from engine.decoding.auto_budget import MAX_BACKOFF, AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, Decoder
 from engine.drafters.oracle import OracleDrafter
 from engine.model.moe import dense_moe, route, sparse_moe
@@ -71,6 +71,7 @@ from engine.model.weights import weight_shapes
 MODEL_BYTES = 120 * 10**9  # bf16 weights on the H200 (141 GB), leaving room for activations, cache and graphs
 DFLASH_LAYERS, DFLASH_BLOCK = 6, 8  # the learned drafter's rows: Kimi-K2.5-DFlash's widths and block, 6 layers
 LAYER_TOKENS = (1, 17, 65, 257)  # rows of the moe-layer table: AR and the verify of B = 16, 64, 256
+AUTO_TOKENS = 2 * (MAX_BACKOFF + 1)  # an auto row's timed window: two of its longest back-offs and their probes
 
 
 def kimi_k2(num_layers: int) -> ModelConfig:
@@ -125,14 +126,12 @@ def auto_decoder(model: TargetModel, prompt: list[int], cfg: DecodeConfig, draft
 
 def count_experts(dec: Decoder, num_steps: int) -> dict:
     """Step with records on: mean touched experts per MoE layer and in all, mean prefix length and verified nodes,
-    the prefill, and (auto budget) how often each budget was chosen."""
+    and the prefill."""
     records = [dec.step() for _ in range(num_steps)]
     touched = np.mean([r.experts.touched for r in records], axis=0)
-    chosen = [r.budget.chosen for r in records if r.budget is not None]
     return {"touched_per_layer": touched.tolist(), "touched": float(touched.sum()),
             "prefix_len": float(np.mean([r.prefix_len for r in records])), "prefill_ms": dec.prefill_ns / 1e6,
-            "nodes_verified": float(np.mean([r.tree.num_nodes for r in records])),
-            "chosen": {str(b): chosen.count(b) for b in sorted(set(chosen))} if chosen else None}
+            "nodes_verified": float(np.mean([r.tree.num_nodes for r in records]))}
 
 
 def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.device) -> tuple[list[dict], list]:
@@ -154,6 +153,17 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
     del ar_dec
     makers = [({"mode": "AR", "budget": 0, "noise": None, "drafter": None},
                lambda graph: ARDecoder(model, prompt, ar_cfg, cuda_graph=graph))]
+
+    def after_row(make) -> dict:
+        """The experts a fresh decoder's steps touch; after an auto-budget row, AR timed again beside it (graphs
+        where they run), so that the auto row meets AR in the machine's state of the moment."""
+        dec = make(False)
+        out = count_experts(dec, num_counted)
+        if isinstance(dec, AutoBudgetDecoder):
+            del dec
+            beside = measure_decoder(makers[0][1], dataclasses.replace(plan, num_profiled=1), cuda)
+            out["ar_beside_tokens_per_s"] = beside["graph_tokens_per_s"] or beside["eager_tokens_per_s"]
+        return out
     for noise in plan.noises:
         drafter = OracleDrafter(continuation, cfg.vocab_size, plan.block_size - 1, noise=noise, seed=0,
                                 num_positions=plan.max_new_tokens + plan.block_size, device=device)
@@ -165,14 +175,15 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
                                          decode_cfg(max(plan.budgets), plan.max_new_tokens), drafter)))
     rows = []
     for key, make in makers:
-        rows.append(guarded(key, lambda key=key, make=make: {
-            **key, **measure_decoder(make, plan, cuda), **count_experts(make(False), num_counted)}))
+        window = plan.auto_tokens if key["budget"] == "auto" else 0
+        rows.append(guarded(key, lambda key=key, make=make, window=window: {
+            **key, **measure_decoder(make, plan, cuda, window), **after_row(make)}))
         if "error" not in rows[-1]:
             print(f"  {key['mode']} B={key['budget']!s:>4} noise={key['noise']}: eager {rows[-1]['eager_step_ms']:.3f} "
                   f"ms/step, tau {rows[-1]['tau_eager']:.2f}, {rows[-1]['touched']:.1f} experts touched", flush=True)
     if plan.dflash_layers:  # the learned drafter (random Kimi-K2.5-DFlash-shaped weights): chain, then each budget
         _, learned = dflash_rows(model, prompt, plan, lambda budget, max_new, block: dataclasses.replace(
-            decode_cfg(budget, max_new), block_size=block), cuda, lambda make: count_experts(make(False), num_counted))
+            decode_cfg(budget, max_new), block_size=block), cuda, after_row)
         rows += learned
     for row in rows:  # the verify's rows: AR's root, the chain's block, the tree's B + 1 (auto: the mean verified)
         row["num_nodes"] = (plan.dflash_block_size if row["mode"] == "chain" else row.get("nodes_verified", 1)
@@ -200,18 +211,26 @@ def add_speedups(rows: list[dict]) -> None:
 
 
 def auto_against_best(rows: list[dict]) -> list[dict]:
-    """Per drafter: the auto budget's tokens/s over the best of AR and every fixed budget (graph where it ran)."""
+    """Per drafter: the auto budget's tokens/s over the best of AR and every fixed budget (graph where it ran), the
+    budgets its timed steps verified and the median host read of its choice."""
     out = []
     for series in sorted({(r["drafter"], r["noise"]) for r in rows if r.get("budget") == "auto"}, key=str):
         same = [r for r in rows if "error" not in r and (r["drafter"], r["noise"]) == series]
         auto = next((r for r in same if r["budget"] == "auto"), None)
-        fixed = [rows[0], *(r for r in same if r["budget"] != "auto" and r["mode"] != "chain")]
         mode = "graph" if auto and auto.get("graph_tokens_per_s") else "eager"
+        ar = dict(rows[0])
+        if auto and auto.get("ar_beside_tokens_per_s"):  # AR timed right after the auto row
+            ar[f"{mode}_tokens_per_s"] = auto["ar_beside_tokens_per_s"]
+        fixed = [ar, *(r for r in same if r["budget"] != "auto" and r["mode"] != "chain")]
+        policy = (auto or {}).get("policy") or {}
         best = max((r for r in fixed if r.get(f"{mode}_tokens_per_s")), key=lambda r: r[f"{mode}_tokens_per_s"])
         out.append({"drafter": series[0], "noise": series[1], "timing": mode,
-                    "best_fixed": "AR" if best is rows[0] else f"B={best['budget']}",
+                    "best_fixed": "AR" if best is ar else f"B={best['budget']}",
+                    "ar_first": rows[0].get(f"{mode}_tokens_per_s"), "ar_beside": ar[f"{mode}_tokens_per_s"],
                     "auto_over_best": ratio(auto and auto.get(f"{mode}_tokens_per_s"), best[f"{mode}_tokens_per_s"]),
-                    "chosen": " ".join(f"{b}:{n}" for b, n in (auto or {}).get("chosen", {}).items())})
+                    "num_steps": (auto or {}).get(mode, {}).get("num_steps"),
+                    "chosen": " ".join(f"{b}:{n}" for b, n in policy.get("counts", {}).items()),
+                    "choice_read_us": policy["choice_read_ms"] * 1e3 if policy.get("choice_read_ms") else None})
     return out
 
 
@@ -265,8 +284,10 @@ EXPERT_COLUMNS = [
 ]
 AUTO_COLUMNS = [
     Column("drafter", "drafter"), Column("noise", "noise", "{:g}"), Column("timing", "timing"),
+    Column("ar_first", "AR tok/s (first row)", "{:.0f}"), Column("ar_beside", "AR tok/s (beside)", "{:.0f}"),
     Column("best_fixed", "best of AR and fixed B"), Column("auto_over_best", "auto / best", "{:.3f}"),
-    Column("chosen", "budgets chosen (B:steps)"),
+    Column("num_steps", "timed steps", "{}"), Column("chosen", "budgets verified (B:steps; 0 = AR, no draft)"),
+    Column("choice_read_us", "choice read us", "{:.1f}"),
 ]
 LAYER_COLUMNS = [
     Column("tokens", "tokens", "{}"), Column("touched", "experts touched", "{}"),
@@ -327,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = kimi_k2(args.layers or layers_that_fit(MODEL_BYTES, dtype.itemsize))
     plan = (Plan(32, (4, 16), (0.0, NOISY), 4, 1, 3, 2, dflash_layers=1, dflash_block_size=4) if args.quick
             else Plan(4096, (16, 64, 256), (0.0, NOISY), 16, 2, 12, 3, dflash_layers=DFLASH_LAYERS,
-                      dflash_block_size=DFLASH_BLOCK))
+                      dflash_block_size=DFLASH_BLOCK, auto_tokens=AUTO_TOKENS))
     num_counted = 2 if args.quick else 4
     torch.manual_seed(0)
     model = random_model(cfg, device, dtype, seed=0, shard=shard)

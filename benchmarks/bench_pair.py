@@ -42,7 +42,7 @@ from engine.loaders.shipped import DEFAULT_MODEL
 from engine.model.target import TargetModel
 from engine.records import MODE_LABELS, RunRecord
 from engine.training.generate import distinct_ngram_rate
-from profiling.divergence import NEAR_TIE
+from profiling.divergence import NEAR_TIE, classify
 from profiling.metrics import first_divergence, per_position_acceptance, tau
 
 BUDGETS = (16, 64, 256)
@@ -50,14 +50,16 @@ BUDGETS = (16, 64, 256)
 
 def timed_decode(dec, num_steps: int, max_new_tokens: int) -> tuple[float, list[int]]:
     """ms for the decoder's first num_steps steps through its device path (an auto-budget decoder: until it has
-    max_new_tokens, since its choices, and so its step count, follow the measured costs), and its tokens."""
+    max_new_tokens, since its choices, and so its step count, follow the measured costs), and its tokens. Graph
+    captures are left out: the first step's, and an auto-budget decoder's later ones (each part's graph is
+    captured the first time it runs)."""
     cuda = dec.model.device.type == "cuda"
     auto = isinstance(dec, AutoBudgetDecoder)
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
     dec.advance()
-    if cuda and num_steps > 1:
+    if cuda and num_steps > 1 and not auto:
         torch.cuda.synchronize()
         captured = time.perf_counter()
         dec.capture_graph()  # records the step without running it: its time is left out
@@ -68,28 +70,38 @@ def timed_decode(dec, num_steps: int, max_new_tokens: int) -> tuple[float, list[
         steps += 1
     if cuda:
         torch.cuda.synchronize()
-    ms = (time.perf_counter() - start) * 1e3
+    ms = (time.perf_counter() - start - (dec.capture_s if auto else 0.0)) * 1e3
     return ms, dec.generated[: int(dec.num_generated)].tolist()
+
+
+def timed_near_tie(ar: RunRecord, tokens: list[int]) -> bool:
+    """Whether a timed auto-budget decode's tokens are AR's up to a numerics near tie (its choices follow the timed
+    run's costs, so its trees, and in the fast mode its last bits, are not the recorded run's)."""
+    position = next((i for i, (a, t) in enumerate(zip(ar.tokens, tokens, strict=False)) if a != t), None)
+    return position is None or classify(ar, position, tokens[position])[0] == NEAR_TIE
 
 
 def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfig, mode: str, spec: DrafterSpec,
             ar_runs: list[RunRecord] | None) -> dict:
     """One row: the mode over every prompt. `exact` counts the prompts whose tokens are AR's; a divergence is a
     failure unless profiling.divergence rates it a numerics near tie (`near_ties`), and the timed device path
-    must commit what the recorded run committed."""
-    taus, positions, totals, matches, runs, texts = [], [], [0.0, 0], 0, [], []
+    must commit what the recorded run committed (an auto budget's: AR's tokens up to a near tie)."""
+    auto = mode == "ddtree" and cfg.auto_budget
+    taus, positions, totals, matches, runs, texts, reads = [], [], [0.0, 0], 0, [], [], []
     near_ties = real = 0
     for i, prompt in enumerate(prompts):
         dec = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[])
         run = dec.run()
-        ms, tokens = timed_decode(make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[],
-                                               cuda_graph=cfg.device == "cuda"), run.num_steps,
-                                  cfg.max_new_tokens)
+        timed = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[],
+                             cuda_graph=cfg.device == "cuda")
+        ms, tokens = timed_decode(timed, run.num_steps, cfg.max_new_tokens)
+        reads += getattr(timed, "choice_s", [])
         tokens = tokens[: cfg.max_new_tokens]
         divergence = first_divergence(ar_runs[i], run) if ar_runs else None
         matches += divergence is None
         near_ties += divergence is not None and divergence["kind"] == NEAR_TIE
-        real += tokens != run.tokens or (divergence is not None and divergence["kind"] != NEAR_TIE)
+        real += (divergence is not None and divergence["kind"] != NEAR_TIE) or (
+            tokens != run.tokens and not (auto and timed_near_tie(ar_runs[i], tokens)))
         totals[0] += ms + run.prefill_ns / 1e6
         totals[1] += len(run.tokens)
         runs.append(run)
@@ -104,6 +116,7 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
             "tau": float(np.mean(taus)) if taus else 1.0,
             "per_position_acceptance": np.mean(positions, axis=0).tolist() if positions else [],
             "tokens_per_s": totals[1] / (totals[0] / 1e3),
+            "choice_read_us": float(np.median(reads)) * 1e6 if reads else None,
             "exact": f"{matches}/{len(prompts)}" + (f" ({near_ties} near tie{'s' * (near_ties > 1)})" if near_ties
                                                    else ""),
             "near_ties": near_ties, "real_divergences": real, "runs": runs, "example": texts[0]}
@@ -157,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = max(fixed, key=lambda r: r["tokens_per_s"])
     verdict = (f"auto ({auto['budget']}): {ratio(auto['tokens_per_s'], best['tokens_per_s']):.3f}x the best fixed "
                f"budget's tokens/s (B = {best['budget']}), {ratio(auto['tokens_per_s'], rows[1]['tokens_per_s']):.3f}x "
-               f"the chain's; budgets chosen (B:steps) {auto['chosen']}")
+               f"the chain's; budgets chosen (B:steps) {auto['chosen']}; each choice's host read (the draft's end "
+               f"to the verify's launch) {auto['choice_read_us'] or 0:.1f} us, median")
     distinct = distinct_ngram_rate(torch.tensor([run.tokens for run in ar["runs"]]), 4)
     setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "
              f"{training['final_val_loss']:.3f} nats/token at training) + {drafter_dir.name} (block {block}); "

@@ -16,6 +16,8 @@ from benchmarks.common import guarded
 from engine.decoding.decoder import Decoder
 from engine.timers import StepTimer
 
+CHUNK = 16  # steps timed between two reads of the committed count, past num_steps
+
 STAGES = {  # table column -> collapsed StepTimer range names whose times add up to it
     "draft": ["step/draft"], "draft_update": ["step/draft_update"], "drafter": ["step/draft", "step/draft_update"],
     "tree_build": ["step/tree_build"], "verify": ["step/verify"],
@@ -36,6 +38,7 @@ class Plan:
     num_profiled: int  # steps with the stage timers on
     dflash_layers: int  # the learned drafter's layers
     dflash_block_size: int  # the block it drafts (Kimi-K2.5-DFlash's: 8)
+    auto_tokens: int = 0  # an auto-budget decoder is timed until it commits this many tokens (at least num_steps)
 
     @property
     def max_dd_steps(self) -> int:
@@ -43,8 +46,9 @@ class Plan:
 
     @property
     def max_new_tokens(self) -> int:
-        """Enough for every DDTree decoder, each step committing at most block_size tokens."""
-        return 1 + self.block_size * self.max_dd_steps
+        """Enough for every DDTree decoder, each step committing at most block_size tokens, and for an auto decoder's
+        token window (timed in chunks of CHUNK steps)."""
+        return 1 + self.block_size * (self.max_dd_steps + CHUNK) + self.auto_tokens
 
 
 def time_steps(step: Callable[[], object], num_steps: int, device: torch.device) -> list[float]:
@@ -74,25 +78,37 @@ class Steps:
     p10_ms: float
     p90_ms: float
     tau: float  # tokens committed per timed step
+    num_steps: int
+    total_ms: float
 
     @classmethod
-    def measure(cls, dec: Decoder, step: Callable[[], object], num_steps: int) -> Steps:
+    def measure(cls, dec: Decoder, step: Callable[[], object], num_steps: int, min_tokens: int = 0) -> Steps:
+        """num_steps timed steps, then more in chunks of CHUNK (the count read between chunks, outside the timed
+        steps) until min_tokens were committed."""
         before = int(dec.num_generated)
         samples = time_steps(step, num_steps, dec.model.device)
+        while int(dec.num_generated) - before < min_tokens:
+            samples += time_steps(step, CHUNK, dec.model.device)
         p10, p50, p90 = np.percentile(samples, [10, 50, 90])
-        return cls(float(p50), float(p10), float(p90), (int(dec.num_generated) - before) / num_steps)
+        return cls(float(p50), float(p10), float(p90), (int(dec.num_generated) - before) / len(samples),
+                   len(samples), float(sum(samples)))
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tau / self.median_ms * 1e3
+        """Tokens over the time of all timed steps: the steps of an auto budget differ (drafted, AR), so a median
+        step would misstate them."""
+        return self.tau * self.num_steps / self.total_ms * 1e3
 
 
-def eager_and_profile(dec: Decoder, plan: Plan) -> tuple[Steps, dict[str, float]]:
-    """Timed eager steps, then steps with the stage timers on: mean ms per range ("layerN" -> "layer*")."""
+def eager_and_profile(dec: Decoder, plan: Plan, min_tokens: int = 0) -> tuple[Steps, dict[str, float], dict | None]:
+    """Timed eager steps (and an auto budget's choices in them), then steps with the stage timers on: mean ms per
+    range ("layerN" -> "layer*")."""
     device = dec.model.device
     for _ in range(plan.warmup):
         dec.advance()
-    eager = Steps.measure(dec, dec.advance, plan.num_steps)
+    before = budget_policy(dec)
+    eager = Steps.measure(dec, dec.advance, plan.num_steps, min_tokens)
+    policy = budget_policy(dec, before)
     dec.timer = StepTimer(device)
     stage_ms: dict[str, float] = {}
     for _ in range(plan.num_profiled):
@@ -102,34 +118,54 @@ def eager_and_profile(dec: Decoder, plan: Plan) -> tuple[Steps, dict[str, float]
             key = re.sub(r"layer\d+", "layer*", name)
             stage_ms[key] = stage_ms.get(key, 0.0) + ns / 1e6 / plan.num_profiled
     dec.timer = StepTimer(device, enabled=False)
-    return eager, stage_ms
+    return eager, stage_ms, policy
 
 
-def graph_steps(dec: Decoder, plan: Plan) -> dict:
+def graph_steps(dec: Decoder, plan: Plan, min_tokens: int) -> dict:
     for _ in range(plan.warmup):
         dec.advance()
     dec.capture_graph()
     for _ in range(plan.warmup):
         dec.advance()
-    return {"steps": Steps.measure(dec, dec.advance, plan.num_steps), "generated": committed(dec)}
+    before = budget_policy(dec)
+    steps = Steps.measure(dec, dec.advance, plan.num_steps, min_tokens)
+    return {"steps": steps, "generated": committed(dec), "policy": budget_policy(dec, before)}
+
+
+def budget_policy(dec: Decoder, before: dict | None = None) -> dict | None:
+    """An auto-budget decoder's steps per verified budget (0: an AR step without a draft) and its choices' host
+    reads (ms from the draft's end to the verify's launch), since `before` (an earlier call's result)."""
+    counts = getattr(dec, "budget_counts", None)
+    if counts is None:
+        return None
+    dec.settle_timing()
+    earlier = before or {"counts": {}, "num_reads": 0}
+    out = {"counts": {b: n - earlier["counts"].get(b, 0) for b, n in sorted(counts.items())},
+           "num_reads": len(dec.choice_s)}
+    reads = dec.choice_s[earlier["num_reads"]:]
+    out["counts"] = {b: n for b, n in out["counts"].items() if n}
+    out["choice_read_ms"] = float(np.median(reads)) * 1e3 if reads else None
+    return out
 
 
 def committed(dec: Decoder) -> list[int]:
     return dec.generated[: int(dec.num_generated)].cpu().tolist()
 
 
-def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool) -> dict:
-    """Eager + profiled steps on one decoder, graph replays on a second (CUDA only); the tokens each committed.
-    A failed graph capture leaves the eager numbers standing (graph_error says why)."""
+def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool, min_tokens: int = 0) -> dict:
+    """Eager + profiled steps on one decoder, graph replays on a second (CUDA only), each timed until it committed
+    min_tokens (an auto budget's window); the tokens each committed, and an auto budget's choices over the last
+    timed window. A failed graph capture leaves the eager numbers standing (graph_error says why)."""
     dec = make(False)
-    eager, stage_ms = eager_and_profile(dec, plan)
+    eager, stage_ms, policy = eager_and_profile(dec, plan, min_tokens)
     generated = [committed(dec)]
     del dec
     graph, graph_error = None, None
     if cuda:
-        replayed = guarded({}, lambda: graph_steps(make(True), plan))
+        replayed = guarded({}, lambda: graph_steps(make(True), plan, min_tokens))
         graph, graph_error = replayed.get("steps"), replayed.get("error")
         generated += [replayed["generated"]] if graph else []
+        policy = replayed.get("policy", policy)
         torch.cuda.empty_cache()
     step_ms = stage_ms["step"]
     return {
@@ -138,6 +174,6 @@ def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool) -> 
         "eager_step_ms": eager.median_ms, "graph_step_ms": graph.median_ms if graph else None,
         "tau_eager": eager.tau, "tau_graph": graph.tau if graph else None,
         "eager_tokens_per_s": eager.tokens_per_s, "graph_tokens_per_s": graph.tokens_per_s if graph else None,
-        "profiled_step_ms": step_ms, "stage_ms": stage_ms,
+        "profiled_step_ms": step_ms, "stage_ms": stage_ms, "policy": policy,
         "stage_share": {col: sum(stage_ms.get(n, 0.0) for n in names) / step_ms for col, names in STAGES.items()},
     }

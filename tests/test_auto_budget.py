@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY_FIXTURE
+from dflash_dirs import small_layout
 from greedy import assert_greedy_equal, assert_sampled_equal
 from test_decode import check_step_invariants
 
@@ -29,6 +30,8 @@ from engine.decoding.budget import (
 from engine.decoding.decoder import ARDecoder, DecodeError
 from engine.decoding.session import continuation_of
 from engine.drafters import DrafterSpec, DraftTarget, build_drafter
+from engine.model.cache import LatentCache
+from engine.model.dflash_fixtures import make_dflash_dir
 from engine.model.target import TargetModel
 from kernels import ops
 
@@ -227,6 +230,77 @@ def test_a_drafter_that_never_hits_backs_off_to_draft_free_ar_steps(tiny, monkey
     assert (gaps > 1).all() and (np.diff(gaps) >= 0).all(), f"probes further apart each time: {drafted_at}"
 
 
+def forced_backoff(decoder: AutoBudgetDecoder, monkeypatch) -> None:
+    """Costs under which no draft pays (an AR step 1 s, any drafted step 100 s), whatever this machine's timing."""
+    decoder.costs.seconds[:] = [1.0] + [100.0] * (len(decoder.buckets) - 1)
+    monkeypatch.setattr(decoder.costs, "observe", lambda budget, seconds: None)
+
+
+def context_rows_of(model: TargetModel, drafter, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DFlash context K/V a drafter holds after a decode that cached `tokens`, written in one go from a
+    prefill of them: what step-by-step commits must have built."""
+    from engine.drafters.dflash import DFlashDrafter
+    fresh = DFlashDrafter(drafter.cfg, drafter.model.w, model, drafter.model.num_draft_positions,
+                          drafter.model.capacity, drafter.source)
+    n = len(tokens)
+    cache = LatentCache(model.cfg.num_hidden_layers, n + 1, model.cfg.kv_lora_rank, model.cfg.qk_rope_head_dim,
+                        model.device, model.dtype, model.rope(n + 1))
+    _, hidden = model.forward(torch.tensor(tokens), torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(),
+                              cache, hidden_layers=drafter.hidden_layers)
+    fresh.begin(torch.tensor(tokens), hidden)
+    return fresh.model.keys[:, :n], fresh.model.values[:, :n]
+
+
+def test_the_backoffs_ar_steps_reach_the_drafter_in_one_commit(tiny, tmp_path, monkeypatch):
+    """While backing off, AR steps leave the DFlash drafter alone (plain AR's cost); the next drafted step tells it
+    of all their tokens in one commit, and its context is then the one a prefill of every cached token writes."""
+    ckpt, model = tiny
+    cfg = DecodeConfig(budget=16, max_new_tokens=28)
+    prompt = ckpt.prompt.tolist()
+    ar = ARDecoder(model, prompt, cfg).run()
+    spec = DrafterSpec("dflash", model=str(make_dflash_dir(tmp_path / "d", small_layout(ckpt.config))))
+    decoder = AutoBudgetDecoder(model, prompt, cfg, build_drafter(spec, DraftTarget(model, prompt, cfg, None)))
+    forced_backoff(decoder, monkeypatch)
+    commits = []
+    drafter = decoder.drafter
+    real_commit = drafter.commit
+    monkeypatch.setattr(drafter, "commit", lambda path, n, hidden: (commits.append(int(n)), real_commit(path, n,
+                                                                                                       hidden)))
+    run = decoder.run()
+    assert_greedy_equal(ar.tokens, ar.logits, run.tokens)
+    undrafted = sum(not s.budget.drafted for s in run.steps)
+    drafted = len(run.steps) - undrafted
+    assert undrafted > len(run.steps) // 2 and len(commits) <= 2 * drafted, commits  # a step's own, a back-off's
+    assert any(n > 2 for n in commits), f"a commit of a whole back-off: {commits}"
+    if decoder.num_pending:  # the last back-off, not yet told
+        decoder._catch_up_part(decoder.num_pending)
+    cached = int(decoder.cache.prefix_len)
+    assert int(drafter.model.length) == cached, "the drafter's context holds every cached token"
+    keys, values = context_rows_of(model, drafter, (prompt + run.tokens)[:cached])
+    torch.testing.assert_close(drafter.model.keys[:, :cached], keys, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(drafter.model.values[:, :cached], values, rtol=1e-4, atol=1e-5)
+    assert decoder.budget_counts[0] == undrafted and sum(decoder.budget_counts.values()) == len(run.steps)
+    assert len(decoder.choice_s) >= drafted - 1 and all(s >= 0 for s in decoder.choice_s)
+
+
+def test_the_backoff_carries_over_to_the_next_decode_of_the_drafter(tiny, monkeypatch):
+    """A drafter that never hits: the next decode on the same model starts at the back-off the last one reached
+    (its first step still drafts, to check), so it does not pay the short back-offs again."""
+    ckpt, model = tiny
+    cfg = DecodeConfig(budget=16, max_new_tokens=32)
+    known = ARDecoder(model, ckpt.prompt.tolist(), cfg).run().tokens
+    first = auto_decoder(ckpt, model, cfg, DrafterSpec(noise=1.0, seed=11), known)
+    forced_backoff(first, monkeypatch)
+    first.run()
+    reached = first.track.backoff
+    assert reached >= 8
+    second = auto_decoder(ckpt, model, cfg, DrafterSpec(noise=1.0, seed=11), known)
+    forced_backoff(second, monkeypatch)
+    steps = [second.step() for _ in range(4)]
+    assert steps[0].budget.drafted and not any(s.budget.drafted for s in steps[1:])
+    assert second.track is first.track and second.ar_steps_left == reached - 3
+
+
 def test_auto_emits_ar_tokens_when_sampling(tiny):
     ckpt, model = tiny
     cfg = DecodeConfig(budget=32, max_new_tokens=24, temperature=0.8, top_p=0.95, seed=5)
@@ -275,6 +349,29 @@ def test_auto_with_cuda_graphs_emits_ar_tokens(tiny_checkpoint, dtype, noise):
     assert run.tokens == ar.tokens
     assert decoder.graph_captured and "draft" in decoder._graphs
     assert any(isinstance(k, tuple) for k in decoder._graphs), "a verify graph per chosen bucket"
+
+
+@cuda
+def test_backoff_and_catch_up_replay_as_graphs_and_emit_ar_tokens(tiny_checkpoint, tmp_path, monkeypatch):
+    """Under CUDA graphs the back-off's AR steps and each catch-up commit are captured graphs too; the tokens are
+    AR's, the drafter's context holds every cached token, and each choice's host read was timed on the device."""
+    ckpt = tiny_checkpoint
+    model = TargetModel.from_checkpoint(ckpt, "cuda", "float32")
+    cfg = DecodeConfig(budget=16, max_new_tokens=40, device="cuda", dtype="float32", batch_invariant=True)
+    prompt = ckpt.prompt.tolist()
+    ar = ARDecoder(model, prompt, cfg).run()
+    spec = DrafterSpec("dflash", model=str(make_dflash_dir(tmp_path / "d", small_layout(ckpt.config))))
+    decoder = AutoBudgetDecoder(model, prompt, cfg, build_drafter(spec, DraftTarget(model, prompt, cfg, None)),
+                                cuda_graph=True)
+    forced_backoff(decoder, monkeypatch)
+    run = decoder.run()
+    assert run.tokens == ar.tokens
+    assert "ar" in decoder._graphs and any(isinstance(k, tuple) and k[0] == "catch_up" for k in decoder._graphs)
+    if decoder.num_pending:
+        decoder._catch_up_part(decoder.num_pending)
+    assert int(decoder.drafter.model.length) == int(decoder.cache.prefix_len)
+    decoder.settle_timing()
+    assert decoder.choice_s and all(0 <= s < 1 for s in decoder.choice_s)
 
 
 @pytest.mark.parametrize(("flag", "budget", "auto"), [("64", 64, False), ("auto", 256, True), ("auto:32", 32, True)])

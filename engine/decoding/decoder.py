@@ -130,6 +130,16 @@ class Decoder:
     def _verify_and_commit(self, prefix_len: torch.Tensor, tree: tuple[torch.Tensor, ...],
                            draft: torch.Tensor | None) -> _StepTensors:
         """Verify the tree, accept its path, compact the cache, commit the tokens and tell the drafter."""
+        out, hidden = self._verify_and_accept(prefix_len, tree, draft)
+        if self.drafter is not None:
+            with self.timer.range("draft_update"):
+                self.drafter.commit(out.path, out.path_len, hidden)
+        return out
+
+    def _verify_and_accept(self, prefix_len: torch.Tensor, tree: tuple[torch.Tensor, ...],
+                           draft: torch.Tensor | None) -> tuple[_StepTensors, torch.Tensor | None]:
+        """Verify the tree, accept its path, compact the cache and commit the tokens; the step's results and the
+        verified nodes' hidden states the drafter reads (None when it reads none), not yet told to the drafter."""
         t, dev = self.timer, self.model.device
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
@@ -148,10 +158,7 @@ class Decoder:
             self.generated.index_put_((slots,), target[path.clamp(min=0)])
             self.num_generated.add_(path_len)
             self.root.copy_(bonus)
-        if self.drafter is not None:
-            with t.range("draft_update"):
-                self.drafter.commit(path, path_len, hidden)
-        return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft, experts_touched)
+        return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft, experts_touched), hidden
 
     def advance(self) -> _StepTensors:
         """One step on the device and nothing else: no host sync, no record (step() adds the record).

@@ -35,9 +35,11 @@ class Drafter(Protocol):
         ...
 
     def commit(self, path: torch.Tensor, path_len: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """After the verify. path [L + 1] int64, the accepted nodes (root first, -1 padded), path_len its 0-dim
-        length; hidden [N, len(hidden_layers) * H] the target's hidden states of every verified node. The path's
-        nodes are the tokens the target's cache gained this step, in order."""
+        """After the verify. path [P] int64, the accepted nodes (root first, -1 padded; P = L + 1 after a drafted
+        step), path_len its 0-dim length; hidden [N, len(hidden_layers) * H] the target's hidden states of every
+        verified node. The path's nodes are the tokens the target's cache gained since the last commit, in order:
+        after draft-free AR steps (the auto budget's back-off) one commit tells of all of them, path = 0 .. P - 1
+        over their hidden rows."""
         ...
 
     def describe(self) -> dict:
