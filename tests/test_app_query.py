@@ -107,6 +107,22 @@ def test_every_number_past_its_widget_is_named_with_its_range_and_the_value_kept
         assert not at.exception and at.session_state["live"].settings.config == DecodeConfig()
 
 
+@pytest.mark.parametrize("page", ["app_pages/profile.py", "app_pages/compare.py", "app_pages/report.py"])
+def test_an_out_of_range_seed_is_named_on_every_page(page):
+    """The issue's ?sample_seed=2**63, and a top-k the config takes but the browser does not hold, opened on each
+    page: named in the notice, never a traceback, never silently replaced."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    for key, value in {"model": FIXTURE.name, "sample_seed": str(2**63), "top_k": str(2**53 + 1),
+                       "temperature": "0.5"}.items():
+        at.query_params[key] = value
+    at.session_state["profile_repeats"] = 1
+    run(at.switch_page(page))
+    notice = link_notice(at)
+    assert "sample_seed='9223372036854775808' is not an integer in [0, 9007199254740991]" in notice
+    assert "top_k='9007199254740993' is not an integer in [0, 9007199254740991]" in notice
+    assert at.session_state["live"].settings.config == DecodeConfig(temperature=0.5)
+
+
 def test_what_this_machine_or_model_does_not_offer_is_named_with_what_stands_in(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     at = open_link({"model": FIXTURE.name, "device": "cuda", "prompt_source": "text"})
