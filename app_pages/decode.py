@@ -9,9 +9,9 @@ tokenizer = state.tokenizer()
 piece = views.piece_of(tokenizer)
 st.title("Decode")
 st.caption(f"{plain(s.model)} · prompt of {len(s.prompt)} tokens · {plain(s.drafter.label())} drafter · "
-           f"{s.stepped_mode} · B = {s.decode_config().budget_label}, block size {s.block_size} · "
-           f"{s.decode_config().sampling} · "
-           f"{s.device} {s.dtype}")
+           f"{s.stepped_mode} · B = {s.config.budget_label}, block size {s.config.block_size} · "
+           f"{s.config.sampling} · "
+           f"{s.config.device} {s.config.dtype}")
 
 reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], vertical_alignment="bottom")
 num_run = n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
@@ -28,8 +28,9 @@ if end_col.button("Run to end", disabled=finished, width="stretch"):
     bar = st.progress(0.0, text="Decoding...")
 
     def show(step) -> None:
-        num_tokens = len(state.generated(s.max_new_tokens))
-        bar.progress(num_tokens / s.max_new_tokens, text=f"Step {step.index}: {num_tokens}/{s.max_new_tokens} tokens")
+        num_tokens = len(state.generated(s.config.max_new_tokens))
+        bar.progress(num_tokens / s.config.max_new_tokens,
+                     text=f"Step {step.index}: {num_tokens}/{s.config.max_new_tokens} tokens")
 
     acted = state.advance(None, on_step=show)
 if acted:  # draw the page again from the new state: buttons enabled or not, the newest step selected
@@ -37,10 +38,10 @@ if acted:  # draw the page again from the new state: buttons enabled or not, the
     st.rerun()
 
 steps = state.steps()
-tokens = state.generated(s.max_new_tokens)
+tokens = state.generated(s.config.max_new_tokens)
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("Steps", len(steps))
-m2.metric("Tokens generated", f"{len(tokens)} / {s.max_new_tokens}")
+m2.metric("Tokens generated", f"{len(tokens)} / {s.config.max_new_tokens}")
 m3.metric("Mean committed per step (tau)", views.number(state.tau(), ".2f"))
 m4.metric("Status", "done" if state.done() else ("ready" if not steps else "running"))
 if not steps:
@@ -84,7 +85,7 @@ if step.budget is not None:
     st.plotly_chart(charts.budget_choice(choice), width="stretch", key="budget_choice")
     st.plotly_chart(charts.budget_confidence(steps), width="stretch", key="budget_confidence")
 
-if step.probs is not None and s.temperature > 0:
+if step.probs is not None and s.config.temperature > 0:
     st.subheader("Probabilities")
     st.caption("At T > 0 the target samples, so acceptance is a chance. Expected accepted: the sum over drafted "
                "nodes of the chance the walk reaches and accepts each (the target's probabilities); the drafter's "

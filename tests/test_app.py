@@ -128,12 +128,12 @@ def test_changing_a_setting_resets_and_says_so(key, new_value, field):
     run(at)
     assert metric(at, "Steps") == "0"
     notice = at.info[0].value
-    assert f"{field} {old} -> {new_value}" in notice and "reset" in notice
+    assert f"{widget.label} {old} -> {new_value}" in notice and "reset" in notice, "named as the sidebar names it"
     press(at, "Run to end")
     assert metric(at, "Status") == "done"
     settings = at.session_state["live"].settings
-    assert getattr(settings.drafter if field in ("noise", "seed") else settings, field) == new_value
-    n = settings.max_new_tokens
+    assert getattr(settings.drafter if field in ("noise", "seed") else settings.config, field) == new_value
+    n = settings.config.max_new_tokens
     assert metric(at, "Tokens generated") == f"{n} / {n}"
     run(at)
     assert not at.info, "the notice is shown once, on the run that reset"
@@ -199,7 +199,7 @@ def test_corrupt_upload_shows_the_loaders_error_and_the_app_keeps_working():
     assert not at.sidebar.error
     model = at.sidebar.selectbox(key="model")
     assert model.value.startswith("copy.kdtr (") and "model_tiny.kdtr" in model.options
-    assert metric(at, "Steps") == "0" and "model model_tiny.kdtr -> copy.kdtr" in at.info[0].value
+    assert metric(at, "Steps") == "0" and "Checkpoint model_tiny.kdtr -> copy.kdtr" in at.info[0].value
     press(at, "Step")
     assert metric(at, "Steps") == "1"
 
@@ -213,7 +213,7 @@ def test_two_tabs_do_not_share_state():
     press(run(second), "Step")
     run(first)
     assert metric(first, "Steps") == "2" and metric(second, "Steps") == "1"
-    assert first.session_state["live"].settings.budget != second.session_state["live"].settings.budget
+    assert first.session_state["live"].settings.config.budget != second.session_state["live"].settings.config.budget
     assert first.session_state["live"].decoder is not second.session_state["live"].decoder
 
 

@@ -89,7 +89,7 @@ def test_the_profile_page_checks_the_drafters_health(tiny_checkpoint, target_wit
     shown = at.dataframe[-1].value
     settings = at.session_state["live"].settings
     model = TargetModel.from_checkpoint(tiny_checkpoint)
-    want = check_drafter(model, list(settings.prompt), settings.decode_config(), str(drafter), "ddtree")
+    want = check_drafter(model, list(settings.prompt), settings.config, str(drafter), "ddtree")
     assert list(shown["check"]) == [c.name for c in want] and list(shown["verdict"]) == [c.verdict for c in want]
     assert list(shown["found"]) == [c.found for c in want]
     assert at.success or at.warning

@@ -22,7 +22,7 @@ def set_sampling(at, **values) -> DecodeConfig:
     for key, value in sorted(values.items(), key=lambda kv: kv[0] != "temperature"):
         at.sidebar.number_input(key=key).set_value(value)
         run(at)
-    return at.session_state["live"].settings.decode_config()
+    return at.session_state["live"].settings.config
 
 
 def test_sampled_decode_shows_probabilities_and_matches_seeded_ar(tiny_checkpoint):
@@ -57,8 +57,8 @@ def test_greedy_hides_the_probabilities_and_the_toggle_reaches_the_config():
     assert at.sidebar.number_input(key="top_k").disabled, "top-k only matters when sampling"
     at.sidebar.toggle(key="batch_invariant").set_value(True)
     run(at)
-    assert at.session_state["live"].settings.decode_config().batch_invariant is True
-    assert "batch_invariant False -> True" in at.info[0].value
+    assert at.session_state["live"].settings.config.batch_invariant is True
+    assert "Batch-invariant off -> on" in at.info[0].value
 
 
 def differ_warnings(at) -> list[str]:

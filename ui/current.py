@@ -19,11 +19,11 @@ from ui.settings import Settings, checkpoint
 
 def request_of(s: Settings) -> DecodeRequest:
     """The one place the sidebar's settings become a DecodeRequest."""
-    return DecodeRequest(checkpoint(s.model), s.prompt, s.decode_config(), s.drafter, s.modes)
+    return DecodeRequest(checkpoint(s.model), s.prompt, s.config, s.drafter, s.modes)
 
 
 def target_model(s: Settings) -> TargetModel:
-    return resources.target_model(s.model_id, checkpoint(s.model), s.device, s.dtype)
+    return resources.target_model(s.model_id, checkpoint(s.model), s.config.device, s.config.dtype)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from engine.loaders.prompt_text import line_break_note
 from ui.safe_text import plain
 
 TEXT, FIXTURE, IDS = "text", "fixture prompt", "token ids"
+LABELS = {"prompt_source": "Prompt", "prompt_box": "Prompt text", "prompt_text": "Token ids"}  # by widget key
 
 
 def sources(ckpt: Checkpoint) -> list[str]:
@@ -32,11 +33,13 @@ def _use_example(texts: tuple[str, ...]) -> None:
     st.session_state.prompt_box = texts[st.session_state.prompt_example]
 
 
-def widget(model: str, ckpt: Checkpoint) -> tuple[int, ...] | None:
-    """Draw the prompt inputs; the prompt's token ids, or None (with the error shown) while it is invalid."""
-    st.header("Prompt")
+def widget(model: str, ckpt: Checkpoint, locked: bool = False) -> tuple[int, ...] | None:
+    """Draw the prompt inputs (disabled when locked); the prompt's token ids, or None (with the error shown) while
+    it is invalid."""
+    st.header(LABELS["prompt_source"])
     follow_model(model, ckpt)
-    source = st.radio("Prompt", sources(ckpt), key="prompt_source", horizontal=True, label_visibility="collapsed")
+    source = st.radio(LABELS["prompt_source"], sources(ckpt), key="prompt_source", horizontal=True,
+                      label_visibility="collapsed", disabled=locked)
     tokenizer = ckpt.tokenizer
     if source == FIXTURE:
         ids = [int(t) for t in ckpt.prompt]
@@ -46,10 +49,10 @@ def widget(model: str, ckpt: Checkpoint) -> tuple[int, ...] | None:
         texts = ckpt.prompt_texts
         if len(texts) > 1:
             st.selectbox("Example prompt", range(len(texts)), key="prompt_example", on_change=_use_example,
-                         args=(texts,), format_func=lambda i: f"{i + 1}: {texts[i][:40]!r}",
+                         args=(texts,), format_func=lambda i: f"{i + 1}: {texts[i][:40]!r}", disabled=locked,
                          help="The model's own example prompts (prompts.json); picking one fills the box.")
-        text = st.text_area("Prompt text", key="prompt_box", height=120,
-                            help=f"Encoded with the model's tokenizer ({tokenizer.source}).")
+        text = st.text_area(LABELS["prompt_box"], key="prompt_box", height=120, disabled=locked,
+                            help=plain(f"Encoded with the model's tokenizer ({tokenizer.source})."))
         if not text:
             st.error("Prompt: the text is empty: type some text or pick an example prompt")
             return None
@@ -59,7 +62,7 @@ def widget(model: str, ckpt: Checkpoint) -> tuple[int, ...] | None:
         ids = tokenizer.encode(text)
         st.caption(f"{len(ids)} tokens: {', '.join(map(str, ids[:24]))}{', ...' if len(ids) > 24 else ''}")
         return tuple(ids)
-    text = st.text_input("Token ids", key="prompt_text", placeholder="e.g. 3, 14, 15, 92",
+    text = st.text_input(LABELS["prompt_text"], key="prompt_text", placeholder="e.g. 3, 14, 15, 92", disabled=locked,
                          help=f"Comma or space separated ids in [0, {ckpt.config.vocab_size}).")
     try:
         ids = parse_prompt(text, ckpt.config.vocab_size)

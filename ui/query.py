@@ -1,42 +1,67 @@
 """Shareable views: the sidebar's settings mirrored in the page's query parameters (st.query_params), so that a
 reload or a pasted link reopens the same model, prompt, drafter, budget and sampling settings.
 
-restore() reads the link once per tab, before the widgets are drawn; save() writes the current values after
-each run. What cannot survive a reload: an uploaded file (its bytes live only in the tab that uploaded it) and
-the decode itself (the steps taken, the measured runs); restore() says so when a link names an upload.
+restore() reads the link once per tab, before the widgets are drawn, and takes each value only where its widget
+holds it with this model on this machine; notice() then names every parameter it did not take (what was asked, what
+the sidebar holds there and why, the value kept). save() writes the current values after each run. What cannot
+survive a reload: an uploaded file (its bytes live only in the tab that uploaded it) and the decode itself (the
+steps taken, the measured runs); the notice says so when a link names an upload.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import streamlit as st
 
 from engine.drafters import REGISTRY
+from engine.loaders.checkpoint import Checkpoint
 from engine.loaders.shipped import bundled_models
 from engine.records import TREES
+from engine.settings import Option
 from ui import prompt, resources
-from ui.settings import setting_options
-
-Parser = tuple[Callable[[str], object], str]  # (text -> value, raising ValueError when it does not fit; what fits)
+from ui.settings import LABELS, checkpoint, offered, setting_options
 
 
-def _choice(options) -> Parser:
+@dataclass(frozen=True, slots=True)
+class Field:
+    """A query parameter as its sidebar widget takes it: parse (text -> value, ValueError when the widget would not
+    hold it), what it holds in words, and why that is less than its setting allows ("" when it is not)."""
+
+    label: str  # the widget's label, as the notice names it
+    parse: Callable[[str], object]
+    expected: str
+    why: str = ""
+
+
+def _choice(label: str, options, why: str = "") -> Field:
     def parse(text: str) -> str:
         if text not in options:
             raise ValueError
         return text
-    return parse, f"one of {', '.join(options)}"
+    return Field(label, parse, f"one of {', '.join(options)}", why)
 
 
-_TEXT: Parser = (str, "text")
+def _setting(opt: Option, ckpt: Checkpoint) -> Field:
+    """A setting's parameter, parsed as the config parses it (engine.settings.Setting.parse) within the range and
+    choices its widget offers here (ui.settings.offered): a value the widget would not hold never reaches it, where
+    Streamlit would put its least value in its place."""
+    shown, why = offered(opt, ckpt)
+    return Field(shown.setting.label, shown.parse, shown.expected, why)
 
 
-def fields() -> dict[str, Parser]:
-    """Widget key -> the parser of its query-parameter text: the sidebar's own choices, and every setting's
-    (engine.settings.Setting.parse: the config's range and its words)."""
-    return {"prompt_source": _choice((prompt.TEXT, prompt.FIXTURE, prompt.IDS)), "prompt_box": _TEXT,
-            "prompt_text": _TEXT, "drafter": _choice(tuple(REGISTRY)), "verify_tree": _choice(tuple(TREES)),
-            **{opt.key: (opt.parse, opt.expected) for opt in setting_options()}}
+def fields(model: str, ckpt: Checkpoint) -> dict[str, Field]:
+    """Widget key -> its query parameter, as the sidebar takes it with this model on this machine: the prompt's
+    sources this model offers, the drafters, the verify modes, and every setting."""
+    labels = prompt.LABELS
+    here = prompt.sources(ckpt)
+    without = "" if prompt.TEXT in here else f"{model} has no tokenizer"
+    return {"prompt_source": _choice(labels["prompt_source"], here, without),
+            "prompt_box": Field(labels["prompt_box"], str, "text"),
+            "prompt_text": Field(labels["prompt_text"], str, "text"),
+            "drafter": _choice(LABELS["drafter"], tuple(REGISTRY)),
+            "verify_tree": _choice(LABELS["tree"], tuple(TREES)),
+            **{opt.key: _setting(opt, ckpt) for opt in setting_options()}}
 
 
 def _restore_model(name: str) -> str | None:
@@ -57,7 +82,8 @@ def _restore_model(name: str) -> str | None:
 
 
 def restore() -> None:
-    """Adopt the link's settings, once per tab; the ones that do not fit are named in a notice."""
+    """Adopt the link's settings, once per tab; the ones the sidebar would not hold are named in a notice (notice())
+    and left at their defaults."""
     ss = st.session_state
     if ss.get("query_restored"):
         return
@@ -69,32 +95,48 @@ def restore() -> None:
         if problem:
             problems.append(problem)
     ss.setdefault("model", next(iter(bundled_models())))
-    for key, (parse, expected) in fields().items():
+    refused, adopted = {}, set()
+    for key, field in fields(ss.model, checkpoint(ss.model)).items():
         if key not in params:
             continue
         try:
-            ss[key] = parse(params[key])
+            ss[key] = field.parse(params[key])
+            adopted.add(key)
         except ValueError:
-            problems.append(f"{key}={params[key]!r:.60} (expected {expected})")
-    # the linked prompt and drafter belong to the linked model: its own defaults must not replace them
-    if any(key in params for key in ("prompt_source", "prompt_box", "prompt_text")):
+            refused[key] = (field, params[key])
+    # the linked prompt and drafter belong to the linked model: its own defaults must not replace them (they do
+    # where the link's were refused)
+    if adopted & {"prompt_source", "prompt_box", "prompt_text"}:
         ss.prompt_for = ss.model
-    if any(key in params for key in ("drafter", "drafter_model")):
+    if adopted & {"drafter", "drafter_model"}:
         ss.drafter_for = ss.model
-    if problems:
-        ss.query_notice = ("The link's settings were partly used; these were not, the defaults stand in: "
-                           f"{'; '.join(problems)}.")
+    if problems or refused:
+        ss.query_problems = (problems, refused)
 
 
 def save() -> None:
     """Write the sidebar's current values into the page's query parameters."""
     ss = st.session_state
-    values = {"model": ss.model} | {key: ss[key] for key in fields() if key in ss}
-    text = {key: str(v).lower() if isinstance(v, bool) else str(v) for key, v in values.items()}
+    values = {"model": ss.model} | {key: ss[key] for key in fields(ss.model, checkpoint(ss.model)) if key in ss}
+    text = {key: _text(v) for key, v in values.items()}
     if st.query_params.to_dict() != text:
         st.query_params.from_dict(text)
 
 
+def _text(value: object) -> str:
+    """A widget's value as its query parameter holds it (a toggle's true or false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def notice() -> str | None:
-    """The restore's notice, shown once."""
-    return st.session_state.pop("query_notice", None)
+    """The restore's notice, shown once, after the sidebar is drawn: per parameter it did not use, what the link
+    asked, what the sidebar holds, why, and the value it kept (the widget's value now)."""
+    problems, refused = st.session_state.pop("query_problems", ([], {}))
+    for key, (field, given) in refused.items():
+        kept = st.session_state.get(key)
+        why = f" ({field.why})" if field.why else ""
+        problems.append(f"{field.label}: {key}={given!r:.60} is not {field.expected}{why}; "
+                        + ("the default stands in" if kept is None else f"kept {_text(kept)}"))
+    if not problems:
+        return None
+    return f"The link's settings were partly used; these were not: {'; '.join(problems)}."

@@ -70,7 +70,7 @@ def settings_of(recording: Recording) -> Settings:
     tree = next(name for name, value in TREES.items() if value == modes)
     return Settings(model=f"{recording.name} (recorded)", model_id=f"recording:{recording.digest}",
                     prompt=tuple(run.prompt), drafter=spec, tree=tree,
-                    **DecodeConfig(**run.decode).to_dict())  # fields added later take their defaults
+                    config=DecodeConfig(**run.decode))  # fields added later take their defaults
 
 
 def _open(read, *args) -> None:
@@ -143,8 +143,7 @@ def banner() -> None:
             f"{rec.name} ({rec.size / 1e6:.1f} MB, SHA-256 {rec.digest[:12]}), "
             f"recorded on {env['device_name']} ({env['device']}, torch {env['torch']}{cuda}, Python {env['python']}, "
             f"{env['platform']}) at commit {commit}{dirty}. Model: {_model_line(rec.runs['ar'].model)}. Settings: "
-            f"{modes}; {s.drafter.label()} drafter; B = {s.decode_config().budget_label}, block size {s.block_size}, "
-            f"{s.max_new_tokens} new "
-            f"tokens, {s.decode_config().sampling}, {s.device} {s.dtype}"
-            f"{', batch-invariant' if s.batch_invariant else ''}; {rec.repeats.count} repeat(s). Step replays its "
-            "recorded steps; close it in the sidebar to decode live."))
+            f"{modes}; {s.drafter.label()} drafter; B = {s.config.budget_label}, block size {s.config.block_size}, "
+            f"{s.config.max_new_tokens} new tokens, {s.config.sampling}, {s.config.device} {s.config.dtype}"
+            f"{', batch-invariant' if s.config.batch_invariant else ''}; {rec.repeats.count} repeat(s). Step replays "
+            "its recorded steps; close it in the sidebar to decode live."))

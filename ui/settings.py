@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import streamlit as st
 import torch
 
-from engine.config import DECODE, SAMPLING, DecodeConfig
+from engine.config import DECODE, DEVICES, SAMPLING, DecodeConfig
 from engine.drafters import REGISTRY, DrafterSpec
 from engine.drafters.dflash import DFlashSettings
 from engine.loaders.checkpoint import Checkpoint
@@ -15,39 +15,36 @@ from engine.loaders.dflash_checkpoint import dflash_dir_beside, read_dflash_dir
 from engine.loaders.dflash_fit import block_size_note, check_fits
 from engine.loaders.shipped import bundled_models
 from engine.records import TREES
-from engine.settings import Option, options_of
+from engine.settings import ConfigError, Option, options_of
 from ui import prompt as prompt_input
 from ui import resources, setting_widgets
 from ui.safe_text import plain
 
 PROFILE_REPEATS = 5  # the Profile page's default number of measured repeats
 TREE_LABELS = {"tree": "DDTree", "chain": "chain", "both": "chain and DDTree"}
+LABELS = {"model": "Checkpoint", "prompt": prompt_input.LABELS["prompt_source"], "drafter": "Drafter",
+          "tree": "Verify"}  # the sidebar's labels of Settings' fields (a DecodeConfig field's is its Setting's)
+LOCKED = ("A recording is shown: the settings below are the live decode's, locked until you close the recording "
+          "(its own settings are in the banner above the page).")
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Everything a decode depends on; any change starts the decode over. The decode fields are DecodeConfig's,
-    by name."""
+    """Everything a decode depends on; any change starts the decode over. The decode configuration is one
+    DecodeConfig (its fields are described there once: the sidebar, the CLI and the URL read that description)."""
 
     model: str
     model_id: str  # the checkpoint's identity (resources.identity): a replaced file is another model
     prompt: tuple[int, ...]
     drafter: DrafterSpec
     tree: str  # an engine.records.TREES key: which speculative modes run beside AR
-    budget: int
-    auto_budget: bool
-    block_size: int
-    max_new_tokens: int
-    device: str
-    dtype: str
-    temperature: float
-    top_k: int
-    top_p: float
-    seed: int
-    batch_invariant: bool
+    config: DecodeConfig
 
-    def decode_config(self) -> DecodeConfig:
-        return DecodeConfig(**{opt.name: getattr(self, opt.name) for opt in options_of(DecodeConfig)})
+    def __post_init__(self) -> None:
+        if self.tree not in TREES:
+            raise ValueError(f"tree={self.tree!r:.40}: expected one of {', '.join(TREES)}")
+        if not isinstance(self.config, DecodeConfig):
+            raise TypeError(f"config: expected a DecodeConfig, got {type(self.config).__name__}")
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -60,7 +57,21 @@ class Settings:
 
 
 def devices() -> list[str]:
-    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    return list(DEVICES) if torch.cuda.is_available() else ["cpu"]
+
+
+def offered(opt: Option, ckpt: Checkpoint) -> tuple[Option, str]:
+    """opt as the sidebar offers it for this model on this machine (setting_widgets.narrowed: max new tokens up to
+    the model's context, the devices torch sees, integers the browser holds), and why that is less than its Setting
+    holds ("" when it is not). A link's values are checked against it, so no widget replaces one silently."""
+    if opt.key == "max_new_tokens":
+        positions = ckpt.config.max_position_embeddings
+        shown, why = setting_widgets.narrowed(opt, hi=positions), f"the model's context holds {positions} positions"
+    elif opt.key == "device":
+        shown, why = setting_widgets.narrowed(opt, choices=devices()), "torch sees no GPU on this server"
+    else:
+        shown, why = setting_widgets.narrowed(opt), "the largest integer a browser holds exactly"
+    return shown, "" if shown is opt else why
 
 
 def model_id(model: str) -> str:
@@ -118,15 +129,15 @@ def _sentence(exc: Exception) -> str:
     return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
-def _model() -> str:
+def _model(locked: bool) -> str:
     st.header("Model")
     names = [*bundled_models(), *st.session_state.uploads]
-    model = st.selectbox("Checkpoint", names, key="model",
+    model = st.selectbox(LABELS["model"], names, key="model", disabled=locked,
                          help="The models under models/ (the trained pair first, the default; then the .kdtr "
                               "fixtures there), then your uploads and paths.")
-    st.file_uploader("Upload a .kdtr", type=["kdtr"], key="upload", on_change=_on_upload,
+    st.file_uploader("Upload a .kdtr", type=["kdtr"], key="upload", on_change=_on_upload, disabled=locked,
                      help="Validated by the same loader as the CLI (engine.loaders.kdtr.read_kdtr).")
-    st.text_input("Or load a path", key="model_path", on_change=_on_path,
+    st.text_input("Or load a path", key="model_path", on_change=_on_path, disabled=locked,
                   placeholder="model.kdtr or a Hugging Face directory",
                   help="A .kdtr file or a Hugging Face DeepSeek-V3 / Kimi-K2 directory (config.json + safetensors) "
                        "on this server, loaded by engine.loaders.loading.load_model, as `run --model` does.")
@@ -135,7 +146,7 @@ def _model() -> str:
     return model
 
 
-def _drafter() -> DrafterSpec | None:
+def _drafter(target: Checkpoint, locked: bool) -> DrafterSpec | None:
     """The drafter and its settings' widgets (from its settings dataclass); None (with the error shown) while they
     are bad. A drafter checkpoint box left empty, or still holding the last directory filled in for another
     target, is filled with the DFlash directory beside the target (engine.loaders.dflash_checkpoint.dflash_dir_beside),
@@ -143,17 +154,17 @@ def _drafter() -> DrafterSpec | None:
     decoding waits."""
     st.header("Drafter")
     ss = st.session_state
-    target = checkpoint(ss.model)
     if ss.get("drafter_for") != ss.model:  # a new target: its own drafter beside it, else the oracle
         ss.drafter_for = ss.model
         ss.drafter = "dflash" if dflash_dir_beside(target.source) is not None else "oracle"
         ss.drafter_model = ""
-    name = st.selectbox("Drafter", list(REGISTRY), key="drafter", help=REGISTRY[ss.drafter].summary)
+    name = st.selectbox(LABELS["drafter"], list(REGISTRY), key="drafter", help=REGISTRY[ss.drafter].summary,
+                        disabled=locked)
     settings = REGISTRY[name].settings
     if settings is DFlashSettings and ss.drafter_model in ("", ss.get("drafter_model_filled")):
         beside = dflash_dir_beside(target.source)
         ss.drafter_model = ss.drafter_model_filled = "" if beside is None else str(beside)
-    values = {opt.name: setting_widgets.draw(opt) for opt in options_of(settings)}
+    values = {opt.name: setting_widgets.draw(offered(opt, target)[0], disabled=locked) for opt in options_of(settings)}
     try:
         spec = DrafterSpec(name, **values)
         if isinstance(spec.options, DFlashSettings):
@@ -174,19 +185,18 @@ def max_new_tokens_range(ckpt: Checkpoint, prompt_len: int, block_size: int) -> 
     return 1, ckpt.config.max_position_embeddings - prompt_len - block_size
 
 
-def _decode(ckpt: Checkpoint, prompt_len: int) -> tuple[dict, bool]:
+def _decode(ckpt: Checkpoint, prompt_len: int, locked: bool) -> tuple[dict, bool]:
     """The Decode section's DecodeConfig fields (max new tokens bounded by the model's context, the devices this
     machine has); whether max new tokens fits after the prompt."""
     values = {}
     positions = ckpt.config.max_position_embeddings
     for opt in (o for o in options_of(DecodeConfig) if o.setting.section == DECODE):
+        extra = ""
         if opt.name == "max_new_tokens":  # drawn after the block size, which its room depends on
             lo, hi = max_new_tokens_range(ckpt, prompt_len, values["block_size"])
-            values[opt.name] = setting_widgets.draw(
-                opt, hi=positions, extra=f"{lo} to {hi} here: the model's context of {positions} positions holds "
-                                         "the prompt, the generated tokens and one block.")
-        else:
-            values[opt.name] = setting_widgets.draw(opt, choices=devices() if opt.name == "device" else None)
+            extra = (f"{lo} to {hi} here: the model's context of {positions} positions holds the prompt, the generated "
+                     "tokens and one block.")
+        values[opt.name] = setting_widgets.draw(offered(opt, ckpt)[0], disabled=locked, extra=extra)
     max_new_tokens, block_size = values["max_new_tokens"], values["block_size"]
     fits = lo <= max_new_tokens <= hi
     if not fits:
@@ -198,36 +208,48 @@ def _decode(ckpt: Checkpoint, prompt_len: int) -> tuple[dict, bool]:
     return values, fits
 
 
-def _sampling() -> dict:
+def _sampling(ckpt: Checkpoint, locked: bool) -> dict:
     """The Sampling section's fields; those that only matter when sampling are disabled at temperature 0."""
     st.header("Sampling")
     values = {}
     for opt in (o for o in options_of(DecodeConfig) if o.setting.section == SAMPLING):
         greedy = values.get("temperature", st.session_state.temperature) == 0
-        values[opt.name] = setting_widgets.draw(opt, disabled=opt.setting.sampling_only and greedy)
+        values[opt.name] = setting_widgets.draw(offered(opt, ckpt)[0],
+                                                disabled=locked or (opt.setting.sampling_only and greedy))
     return values
 
 
 def sidebar() -> tuple[Settings | None, list[str]]:
     """Draw the sidebar; returns the chosen settings (None while an input is invalid) and the names of the
-    invalid inputs."""
+    invalid inputs. While a recording is shown the live settings are drawn disabled: what the pages show is the
+    recording's, and a change would reset a live decode out of sight; they are back as they were once it closes."""
+    locked = st.session_state.get("recording") is not None
     with st.sidebar:
-        model = _model()
+        if locked:
+            st.caption(LOCKED)
+        model = _model(locked)
         ckpt = checkpoint(model)
-        prompt = prompt_input.widget(model, ckpt)
-        drafter = _drafter()
+        prompt = prompt_input.widget(model, ckpt, locked)
+        drafter = _drafter(ckpt, locked)
         st.header("Decode")
-        tree = st.radio("Verify", list(TREES), key="verify_tree", horizontal=True, format_func=TREE_LABELS.get,
+        tree = st.radio(LABELS["tree"], list(TREES), key="verify_tree", horizontal=True, format_func=TREE_LABELS.get,
+                        disabled=locked,
                         help="The best-first tree (DDTree), the drafter's top-1 chain (DFlash's own verification), "
                              "or both beside AR on the Profile, Compare and Report pages.")
-        decode, fits = _decode(ckpt, len(prompt or ()))
-        sampling = _sampling()
+        decode, fits = _decode(ckpt, len(prompt or ()), locked)
+        decode |= _sampling(ckpt, locked)
+        try:
+            config = DecodeConfig(**decode)
+        except ConfigError as exc:  # a combination no single widget can refuse (auto budget at B = 0)
+            st.error(plain(f"Decode: {exc}"))
+            config = None
     invalid = [name for name, bad in (("prompt", prompt is None), ("drafter", drafter is None),
-                                      ("max new tokens", prompt is not None and not fits)) if bad]
+                                      ("max new tokens", prompt is not None and not fits),
+                                      ("decode configuration", config is None)) if bad]
     if invalid:
         return None, invalid
-    return Settings(model=model, model_id=model_id(model), prompt=prompt, drafter=drafter, tree=tree, **decode,
-                    **sampling), []
+    return Settings(model=model, model_id=model_id(model), prompt=prompt, drafter=drafter, tree=tree,
+                    config=config), []
 
 
 def init_widgets() -> None:

@@ -11,13 +11,11 @@ Every page reads current(): the open recording, else the live decode; both answe
 """
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from collections.abc import Callable
 
 import streamlit as st
 
-from engine.drafters import DrafterSpec
 from engine.records import MODE_LABELS, StepRecord
 from kernels import ExtensionBuildError
 from profiling import metrics
@@ -28,6 +26,7 @@ from ui import recorded
 from ui.current import Current, Live, request_of, target_model
 from ui.safe_text import plain
 from ui.settings import Settings
+from ui.settings_change import changes
 
 
 def init() -> None:
@@ -70,30 +69,7 @@ def apply(new: Settings | None) -> str | None:
     ss.live = Live(new) if new is not None else None
     if old is None or new is None:
         return None
-    changed = []
-    for f in dataclasses.fields(Settings):
-        a, b = getattr(old, f.name), getattr(new, f.name)
-        if a == b or (f.name == "model_id" and old.model != new.model):
-            continue
-        if f.name == "model_id":
-            changed.append(f"model {new.model} changed on disk and was loaded again")
-            continue
-        if isinstance(a, DrafterSpec) and a.name == b.name:  # the drafter's own settings, one by one
-            changed += [f"{k} {_short(v)} -> {_short(b.settings()[k])}" for k, v in a.settings().items()
-                        if v != b.settings()[k]]
-        else:
-            changed.append(f"{f.name} {_short(a)} -> {_short(b)}")
-    return f"Settings changed ({'; '.join(changed)}): the decode was reset."
-
-
-def _short(value: object) -> str:
-    """A setting's text; a long prompt is cut to its first tokens (paths and names are shown whole)."""
-    if isinstance(value, DrafterSpec):
-        return value.label()
-    if isinstance(value, tuple):
-        text = ", ".join(map(str, value[:8]))
-        return text + (f", ... ({len(value)} tokens)" if len(value) > 8 else "")
-    return str(value)
+    return f"Settings changed ({'; '.join(changes(old, new))}): the decode was reset."
 
 
 def _engine(call: Callable, *args, **kwargs):
