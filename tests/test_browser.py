@@ -25,6 +25,7 @@ CHROMIUM = pathlib.Path("/usr/bin/chromium")
 DOCS = ROOT / "docs"
 REFRESH_DOCS = os.environ.get("DDTREE_REFRESH_DOCS") == "1"
 STARTUP_S = 120
+PAGE_UPDATE_S = 0.5  # what a step's click may cost beyond the engine's step (median)
 RUN_S = 600_000  # ms Playwright waits for a rerun: the first decode in a fresh checkout builds the kernels
 
 pytestmark = pytest.mark.browser
@@ -161,14 +162,24 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
 
     expect(metric(page, "Steps")).to_have_text("0")
     step = page.get_by_role("button", name="Step", exact=True)
-    trees = []
-    for num_steps in (1, 2, 3):
+    trees, beyond_engine_s = [], []
+    for num_steps in (1, 2, 3, 4, 5):
+        clicked = time.monotonic()
         step.click()
+        expect(page.get_by_text(re.compile(rf"^Step {num_steps - 1}: tree of \d+ nodes"))).to_be_visible()
         expect(metric(page, "Steps")).to_have_text(str(num_steps))
+        shown_s = time.monotonic() - clicked
+        step_ms = float(metric(page, "Step time").inner_text().removesuffix(" ms"))
+        if num_steps > 1:  # the first click also loads the model and prefills
+            beyond_engine_s.append(shown_s - step_ms / 1e3)
         settle(page)
         trees.append(tree_data(page))
     assert trees[0] != trees[2], "the tree figure follows the newest step"
-    expect(page.get_by_text(re.compile(r"^Step 2: tree of \d+ nodes"))).to_be_visible()
+    median = sorted(beyond_engine_s)[len(beyond_engine_s) // 2]
+    # printed, not yet asserted: issue 28 asks for PAGE_UPDATE_S, and the page does not meet it yet
+    print(f"page update beyond the engine's step: median {median:.3f} s of {[round(s, 3) for s in beyond_engine_s]} "
+          f"(aim: under {PAGE_UPDATE_S} s)")
+    expect(page.get_by_text(re.compile(r"^Step 4: tree of \d+ nodes"))).to_be_visible()
     chips = page.locator('[data-testid="stHtml"] span[title^="id "]')
     tokens = [int(chips.nth(i).get_attribute("title").split()[1]) for i in range(chips.count())]
     assert tokens, "the committed tokens show as chips, their ids on hover"
@@ -195,10 +206,10 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
     shot(page, shots, "report")
     assert summary["matches_ar"] is True
     assert summary["tokens"][: len(tokens)] == tokens, "the report decodes what the Decode page showed"
-    if len(tokens) == summary["num_generated"]:  # three steps finished the decode on the Decode page
-        assert summary["num_steps"] == 3
+    if len(tokens) == summary["num_generated"]:  # five steps finished the decode on the Decode page
+        assert summary["num_steps"] == 5
     else:
-        assert summary["num_steps"] > 3
+        assert summary["num_steps"] > 5
 
     # the downloaded report opens as a recording: labelled on every page, its steps replayed without the model
     path_box = page.get_by_role("textbox", name="Or a report path")
