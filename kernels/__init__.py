@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from kernels.build_guard import ExtensionBuildError, build_lock, check_error_path, discard_unverified
+from kernels.build_guard import ExtensionBuildError, build_lock, check_error_path, discard_unverified, lock_holder
 
-__all__ = ["ExtensionBuildError", "build_info", "build_lock", "check_error_path", "discard_unverified", "is_loaded",
-           "load"]
+__all__ = ["ExtensionBuildError", "build_holder", "build_info", "build_lock", "check_error_path", "discard_unverified",
+           "is_loaded", "load"]
 
 CSRC = Path(__file__).parent / "csrc"
 EXTENSION_NAME = "ddtree_ops"
@@ -88,8 +88,8 @@ def _load_once() -> _Loaded:
         discard_unverified(library)
         before = _mtime_ns(library)
         if before is None:
-            print(f"building the ddtree ops in {plan.build_dir} (once per checkout: a few minutes)", file=sys.stderr,
-                  flush=True)
+            print(f"building the ddtree ops in {plan.build_dir} (process {os.getpid()} holds its lock.owner; once per "
+                  "checkout: a few minutes)", file=sys.stderr, flush=True)
         _build_and_load(plan)
         check_error_path(library)
     info = {
@@ -100,6 +100,12 @@ def _load_once() -> _Loaded:
         "library": str(library),
     }
     return _Loaded(ops=torch.ops.ddtree, info=info)
+
+
+def build_holder() -> tuple[Path, int | None]:
+    """This machine's build directory and the pid of the live process building in it (None: no one is)."""
+    build_dir = make_plan().build_dir
+    return build_dir, lock_holder(build_dir)
 
 
 def make_plan() -> BuildPlan:

@@ -158,6 +158,20 @@ def _held_error(lock: Path, owner: Path, pid: int | None, timeout_s: float) -> E
     )
 
 
+def lock_holder(build_dir: Path) -> int | None:
+    """The pid of the live process holding build_dir's builders' lock (None: none), for a page that says who builds."""
+    pid = _read_pid(build_dir / "lock.owner")
+    if pid is None:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:  # killed while building: its pid stays in the file, its flock is gone
+        return None
+    except PermissionError:  # alive, another user's
+        pass
+    return pid
+
+
 def _try_flock(f) -> bool:
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -25,6 +25,7 @@ CHROMIUM = pathlib.Path("/usr/bin/chromium")
 DOCS = ROOT / "docs"
 REFRESH_DOCS = os.environ.get("DDTREE_REFRESH_DOCS") == "1"
 STARTUP_S = 120
+PAGE_UPDATE_S = 0.5  # what a step's click may cost beyond the engine's step (median)
 RUN_S = 600_000  # ms Playwright waits for a rerun: the first decode in a fresh checkout builds the kernels
 
 pytestmark = pytest.mark.browser
@@ -50,8 +51,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: pathlib.Path) -> None:
     pytest.fail(f"streamlit did not report healthy within {STARTUP_S} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def serve(tmp_path_factory, launcher: list[str], env: dict[str, str] | None = None):
+    """Start `streamlit run app.py` (through launcher) on a free port; yields its URL and stops it after."""
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing in CI: .ci/run installs Debian's chromium before the tests")
@@ -60,10 +61,9 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--server.fileWatcherType", "none",
-             "--browser.gatherUsageStats", "false"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            [*launcher, "--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
+             "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
@@ -78,6 +78,11 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from serve(tmp_path_factory, [sys.executable, "-m", "streamlit", "run", "app.py"])
+
+
+@pytest.fixture(scope="module")
 def shots(tmp_path_factory) -> pathlib.Path:
     """Where the screenshots go: docs/ when refreshing them, else a temporary directory."""
     return DOCS if REFRESH_DOCS else tmp_path_factory.mktemp("screenshots")
@@ -89,14 +94,19 @@ def requested_hosts() -> set[str]:
     return set()
 
 
+def launch(pw):
+    """Chromium as every test here runs it: headless, offline."""
+    return pw.chromium.launch(executable_path=str(CHROMIUM), args=[
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+
+
 @pytest.fixture(scope="module")
 def page(server, requested_hosts):
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=RUN_S)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = launch(pw)
         context = browser.new_context(viewport={"width": 1440, "height": 1600}, accept_downloads=True)
         page = context.new_page()
         page.set_default_timeout(RUN_S)
@@ -152,14 +162,24 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
 
     expect(metric(page, "Steps")).to_have_text("0")
     step = page.get_by_role("button", name="Step", exact=True)
-    trees = []
-    for num_steps in (1, 2, 3):
+    trees, beyond_engine_s = [], []
+    for num_steps in (1, 2, 3, 4, 5):
+        clicked = time.monotonic()
         step.click()
+        expect(page.get_by_text(re.compile(rf"^Step {num_steps - 1}: tree of \d+ nodes"))).to_be_visible()
         expect(metric(page, "Steps")).to_have_text(str(num_steps))
+        shown_s = time.monotonic() - clicked
+        step_ms = float(metric(page, "Step time").inner_text().removesuffix(" ms"))
+        if num_steps > 1:  # the first click also loads the model and prefills
+            beyond_engine_s.append(shown_s - step_ms / 1e3)
         settle(page)
         trees.append(tree_data(page))
     assert trees[0] != trees[2], "the tree figure follows the newest step"
-    expect(page.get_by_text(re.compile(r"^Step 2: tree of \d+ nodes"))).to_be_visible()
+    median = sorted(beyond_engine_s)[len(beyond_engine_s) // 2]
+    # printed, not yet asserted: issue 28 asks for PAGE_UPDATE_S, and the page does not meet it yet
+    print(f"page update beyond the engine's step: median {median:.3f} s of {[round(s, 3) for s in beyond_engine_s]} "
+          f"(aim: under {PAGE_UPDATE_S} s)")
+    expect(page.get_by_text(re.compile(r"^Step 4: tree of \d+ nodes"))).to_be_visible()
     chips = page.locator('[data-testid="stHtml"] span[title^="id "]')
     tokens = [int(chips.nth(i).get_attribute("title").split()[1]) for i in range(chips.count())]
     assert tokens, "the committed tokens show as chips, their ids on hover"
@@ -186,10 +206,10 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
     shot(page, shots, "report")
     assert summary["matches_ar"] is True
     assert summary["tokens"][: len(tokens)] == tokens, "the report decodes what the Decode page showed"
-    if len(tokens) == summary["num_generated"]:  # three steps finished the decode on the Decode page
-        assert summary["num_steps"] == 3
+    if len(tokens) == summary["num_generated"]:  # five steps finished the decode on the Decode page
+        assert summary["num_steps"] == 5
     else:
-        assert summary["num_steps"] > 3
+        assert summary["num_steps"] > 5
 
     # the downloaded report opens as a recording: labelled on every page, its steps replayed without the model
     path_box = page.get_by_role("textbox", name="Or a report path")
@@ -254,3 +274,64 @@ def test_capture_with_the_profiler_then_read_a_1024_node_tree(page, server, requ
     assert "1025 nodes" in figure(page, "tree_overview")["layout"]["title"]["text"]
     local = urllib.parse.urlsplit(server).netloc
     assert requested_hosts <= {local, "local"}, f"requests left the machine: {sorted(requested_hosts - {local})}"
+
+
+SLOW_FIRST_LOAD_S = 6  # the first checkpoint load: the build's status fragment polls (and its build ends) meanwhile
+SLOW_PREFILL_S = 3  # every prefill: long enough to see the page while a step's run is under way
+CPU_THROTTLE = 4  # the first tab's browser as slow as on a busy machine: the sidebar mounts late
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory):
+    yield from serve(tmp_path_factory, [sys.executable, "tests/slow_start.py"],
+                     {"DDTREE_TEST_FIRST_LOAD_S": str(SLOW_FIRST_LOAD_S), "DDTREE_TEST_PREFILL_S": str(SLOW_PREFILL_S)})
+
+
+def sidebar_value(page, role: str, label: str) -> str:
+    return page.locator('[data-testid="stSidebar"]').get_by_role(role, name=label, exact=True).input_value()
+
+
+def test_a_fresh_servers_first_tab_keeps_its_settings_and_one_row_of_controls(slow_server):
+    """The first tab of a fresh server, on a slow first run: the sidebar shows the settings the page decodes with
+    (once it showed every number at its minimum and the first Step committed them), and a step's run after a settings
+    change shows one row of controls (the notice above them once shifted the page, and the old row stayed, faded)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=RUN_S)
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": 1440, "height": 1600})
+        page.set_default_timeout(RUN_S)
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("Emulation.setCPUThrottlingRate", {"rate": CPU_THROTTLE})
+        page.goto(slow_server)
+        expect(metric(page, "Steps")).to_have_text("0")
+        expect(page.get_by_text("Building the DDTree kernels", exact=False)).to_have_count(0)
+        page.wait_for_timeout(4000)  # the status fragment's last polls
+        settle(page)
+        cdp.send("Emulation.setCPUThrottlingRate", {"rate": 1})
+        caption = page.get_by_text(re.compile(r"B = \d+, block size \d+")).inner_text()
+        budget, block_size = re.search(r"B = (\d+), block size (\d+)", caption).groups()
+        shown = {"budget": sidebar_value(page, "spinbutton", "Budget B (tree nodes)"),
+                 "block size": sidebar_value(page, "spinbutton", "Block size"),
+                 "prompt": sidebar_value(page, "textbox", "Prompt text")}
+        assert (shown["budget"], shown["block size"]) == (budget, block_size), (shown, caption)
+        assert shown["prompt"], "the prompt box holds the model's first example prompt"
+        step = page.get_by_role("button", name="Step", exact=True)
+        step.click()
+        expect(metric(page, "Steps")).to_have_text("1")
+        assert f"budget={budget}&" in page.url, page.url
+        expect(page.get_by_text(re.compile("^Settings changed"))).to_have_count(0)
+
+        box = page.get_by_role("spinbutton", name="Budget B (tree nodes)")
+        box.fill("16")
+        box.press("Enter")
+        expect(page.get_by_text(re.compile("^Settings changed"))).to_be_visible()
+        settle(page)
+        step.click()
+        rows = []
+        while page.get_by_text(re.compile(r"^Step 0: tree of")).count() == 0:
+            rows.append(step.count())
+            page.wait_for_timeout(100)
+        assert rows and max(rows) == 1, f"rows of controls during the step's run: {rows}"
+        browser.close()
