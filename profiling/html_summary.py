@@ -47,8 +47,9 @@ def _spread(s: dict, digits: str) -> str:
     return f" (p10–p90 {s['p10']:{digits}}–{s['p90']:{digits}}, n {s['n']})"
 
 
-def _card(big: str, what: str) -> str:
-    return f'<div class="card"><div class="big">{e(big)}</div><div class="what">{e(what)}</div></div>'
+def _card(big: str, what: str, detail: str) -> str:
+    return (f'<div class="card"><div class="big">{e(big)}</div><div>{e(what)}</div>'
+            f'<div class="what">{e(detail)}</div></div>')
 
 
 def headline_section(data: Measurement) -> str:
@@ -69,9 +70,9 @@ def headline_section(data: Measurement) -> str:
         rows.append([name_cell(label), f"<td>{fmt(tau, 2)}</td>", f"<td>{e(tps_text)}</td>",
                      f"<td>{e(speedup_text)}</td>"])
         if mode != "ar":
-            cards.append(_card(f"{fmt(tau, 2)}", f"{label}: tau, tokens per step (the bonus included)"))
             cards.append(_card("–" if speedup["median"] is None else f"{speedup['median']:.2f}x",
-                               f"{label}: speedup over AR{' (over different outputs)' if different else ''}"))
+                               f"{label}: speedup over AR{' (over different outputs)' if different else ''}",
+                               f"tau {fmt(tau, 2)} tokens per step (the bonus included) · {tps_text} tokens/s"))
     if repeats.count > 1:
         how = e(f"Medians of {repeats.count} repeats after one warm-up, with their p10–p90 spread; the sections "
                 "below show the median repeat's runs.")
