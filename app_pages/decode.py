@@ -1,6 +1,7 @@
 """Decode: step through DDTree (or the chain) and inspect each step's tree, mask, accepted path and timings."""
 import streamlit as st
 
+from profiling.metrics import num_dropped
 from ui import charts, state, tree_panel, views
 from ui.safe_text import plain
 
@@ -61,12 +62,13 @@ if not 0 <= st.session_state.get("inspect_step", -1) < len(steps):
 index = st.selectbox("Inspect step", range(len(steps)), key="inspect_step",
                      format_func=lambda i: f"step {i}" + (" (latest)" if i == len(steps) - 1 else ""))
 step = steps[index]
-st.markdown(views.tree_caption(step, piece))
+dropped = num_dropped(steps, index, s.max_new_tokens)
+st.markdown(views.tree_caption(step, piece, dropped))
 tree_panel.section(step, piece)
 
 a, c, t = st.columns(3)
 a.metric("Drafted tokens accepted", step.num_accepted)
-c.metric("Tokens committed", step.num_committed)
+c.metric("Tokens committed", step.num_committed - dropped)
 t.metric("Step time", f"{step.step_ns / 1e6:.2f} ms" if "step" in step.timings_ns else "-")
 st.dataframe(views.stage_rows(step), hide_index=True, width="stretch", height="content",
              column_config={"ms": st.column_config.NumberColumn(format="%.3f"),

@@ -13,11 +13,18 @@ FORMATS = {
 }
 
 st.title("Report")
-st.caption("Everything below comes from the recording's runs, its repeat statistics, capture and environment kept "
-           "as recorded." if recorded.current() is not None else "Everything below comes from the runs of the "
-           "sidebar's settings (the same runs the Profile and Compare pages show, with the Profile page's repeat "
-           "statistics); `python -m engine run` writes the same files.")
 measurement = state.measured()
+count = measurement.repeats.count
+if recorded.current() is not None:
+    st.caption(f"Everything below comes from the recording's runs, the statistics of its {count} repeat(s), its "
+               "capture and environment, kept as recorded.")
+else:
+    names = " and ".join(MODE_LABELS[m] for m in measurement.runs if m != "ar")
+    spread = ("one decode each, so no spread: measure more repeats on the Profile page and these files carry their "
+              "medians and spread" if count == 1 else "medians with their spread; the runs are the median repeat's")
+    st.caption(f"Everything below comes from the runs of the sidebar's settings measured in this tab: {count} "
+               f"repeat(s) of AR and {names} after one warm-up ({spread}). `python -m engine run` writes the same "
+               "files.")
 with st.spinner("Rendering the reports..."):
     files = state.reports(list(FORMATS))  # rendered once per measurement
 for summary in measurement.summaries.values():

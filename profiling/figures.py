@@ -6,6 +6,7 @@ each parent sits at the mean row of its children, so every subtree occupies a co
 """
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 
 import numpy as np
@@ -59,8 +60,13 @@ def node_kind(step: StepRecord, node: int) -> str:
     return "accepted" if node in step.path else "rejected"
 
 
+def _label(token: int, piece: Callable[[int], str] | None) -> str:
+    """A node's label: the token id, or its piece escaped (plotly reads <b>, <a href> and entities in text)."""
+    return str(token) if piece is None else html.escape(piece(token), quote=False)
+
+
 def _token(token: int, piece: Callable[[int], str] | None) -> str:
-    return str(token) if piece is None else f"{token} {piece(token)!r}"
+    return str(token) if piece is None else f"{token} {html.escape(repr(piece(token)), quote=False)}"
 
 
 def node_hover(step: StepRecord, node: int, piece: Callable[[int], str] | None) -> str:
@@ -72,9 +78,11 @@ def node_hover(step: StepRecord, node: int, piece: Callable[[int], str] | None) 
             f"target pick {_token(step.target[node], piece)}{probs}")
 
 
-def tree_figure(step: StepRecord, piece: Callable[[int], str] | None = None) -> go.Figure:
+def tree_figure(step: StepRecord, piece: Callable[[int], str] | None = None, num_dropped: int = 0) -> go.Figure:
     """Node-link figure of the step's drafted tree: accepted path in green, the bonus token in gold. Nodes are
-    labelled piece(token): the token id by default, its text piece where the model has a tokenizer."""
+    labelled piece(token): the token id by default, its text piece where the model has a tokenizer. num_dropped:
+    how many of the step's committed tokens fell past max_new_tokens (metrics.num_dropped), which the title and the
+    bonus token's hover say were not committed."""
     tree = step.tree
     last = step.path[-1]
     pos = tree_layout(tree, extra_leaf_under=last)
@@ -97,20 +105,21 @@ def tree_figure(step: StepRecord, piece: Callable[[int], str] | None = None) -> 
     fig.add_trace(go.Scatter(x=[pos[last][0], bonus_xy[0]], y=[pos[last][1], bonus_xy[1]], mode="lines",
                              hoverinfo="skip", showlegend=False, line={"color": COLORS["bonus"], "dash": "dot"}))
     labelled = len(pos) <= MAX_LABELLED_NODES
-    label = piece or str
+    dropped = f" · the last {num_dropped} not committed (max_new_tokens)" if num_dropped else ""
     for kind in ("root", "accepted", "rejected"):
         nodes = [n for n in pos if node_kind(step, n) == kind]
         fig.add_trace(go.Scatter(
             x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], name=kind,
-            mode="markers+text" if labelled else "markers", text=[label(tree.tokens[n]) for n in nodes],
+            mode="markers+text" if labelled else "markers", text=[_label(tree.tokens[n], piece) for n in nodes],
             textposition="top center", hovertext=[node_hover(step, n, piece) for n in nodes], hoverinfo="text",
             marker={"color": COLORS[kind], "size": 12 if labelled else 7, "line": {"width": 1, "color": "white"}}))
     fig.add_trace(go.Scatter(x=[bonus_xy[0]], y=[bonus_xy[1]], name="bonus", mode="markers+text",
-                             text=[label(step.bonus)], textposition="top center",
-                             hovertext=[f"bonus token {_token(step.bonus, piece)}<br>target pick at node {last}"],
+                             text=[_label(step.bonus, piece)], textposition="top center",
+                             hovertext=[f"bonus token {_token(step.bonus, piece)}<br>target pick at node {last}"
+                                        + ("<br>not committed: max_new_tokens reached" if num_dropped else "")],
                              hoverinfo="text", marker={"color": COLORS["bonus"], "size": 12, "symbol": "star"}))
     fig.update_layout(title=f"{step.mode} step {step.index}: {len(pos)} nodes, {step.num_accepted} accepted "
-                            f"+ bonus", xaxis={"title": "depth", "dtick": 1},
+                            f"+ bonus{dropped}", xaxis={"title": "depth", "dtick": 1},
                       yaxis={"visible": False, "range": [num_rows - 0.4, -0.6]},
                       height=min(1600, 160 + 44 * num_rows),
                       margin={"l": 20, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})

@@ -88,6 +88,13 @@ def committing_step(run: RunRecord, position: int) -> int | None:
     return None
 
 
+def num_dropped(steps: list[StepRecord], index: int, max_new_tokens: int) -> int:
+    """How many of step `index`'s committed tokens fall past max_new_tokens (the prefill's token is the first):
+    the decode stops there, so they, the bonus token first, are not part of the output. Only a last step has any."""
+    start = 1 + sum(s.num_committed for s in steps[:index])
+    return min(steps[index].num_committed, max(0, start + steps[index].num_committed - max_new_tokens))
+
+
 def first_divergence(ar: RunRecord, run: RunRecord) -> dict | None:
     """Where the speculative run's tokens first differ from the AR tokens (None when identical).
 

@@ -224,7 +224,8 @@ def test_report_html_is_self_contained(real_runs):
         parser.feed(page)
         assert parser.refs == [] and parser.num_scripts >= 1
         assert "@import" not in page and "cdn.plot.ly" not in page.split("</head>")[0]
-        for heading in ("Summary", "Kernel breakdown", "Per-step timeline", "Acceptance", "Token diff"):
+        for heading in ("Headline", "Text", "Acceptance and timing", "Kernel breakdown", "Per-step timeline",
+                        "Token diff"):
             assert f"<h2>{heading}</h2>" in page
         primary = "DDTree" if "ddtree" in runs else "chain"
         assert f"<h2>Trees of chosen {primary} steps</h2>" in page

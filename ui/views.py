@@ -67,7 +67,8 @@ def stage_rows(step: StepRecord) -> list[dict]:
             for name, ns in stage_ns(step).items()]
 
 
-def tree_caption(step: StepRecord, piece: Callable[[int], str] | None = None) -> str:
+def tree_caption(step: StepRecord, piece: Callable[[int], str] | None = None, num_dropped: int = 0) -> str:
+    """num_dropped: the step's committed tokens past max_new_tokens (profiling.metrics.num_dropped), said so."""
     tree = step.tree
     num_padding = sum(1 for i, p in enumerate(tree.parents) if i > 0 and p < 0)
     padding = f", {num_padding} of them padding" if num_padding else ""
@@ -76,7 +77,9 @@ def tree_caption(step: StepRecord, piece: Callable[[int], str] | None = None) ->
         return str(t) if piece is None else f"{t} {code(piece(t))}"
     path = " -> ".join(f"{n} ({token(tree.tokens[n])})" for n in step.path)
     return (f"Step {step.index}: tree of **{tree.num_nodes} nodes** (root + {tree.num_nodes - 1} drafted{padding}), "
-            f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{token(step.bonus)}**.")
+            f"depth {max(tree.depths)}. Accepted path (node (token)): {path}; bonus token **{token(step.bonus)}**"
+            + (f", not committed: max_new_tokens was reached, so the step's last {num_dropped} token(s) were dropped."
+               if num_dropped else "."))
 
 
 def path_rows(step: StepRecord, piece: Callable[[int], str] | None = None,
