@@ -76,9 +76,21 @@ def repeats_table(repeats: RepeatStats) -> str:
     return "\n".join(lines)
 
 
+def basis_line(measurement: Measurement) -> str:
+    """Which runs the summary table's times and speedups come from: one run, or the median repeat of R."""
+    repeats = measurement.repeats
+    if repeats.count == 1:
+        return ("one run: the times and speedups above come from a single decode of each mode (after an untimed "
+                "warm-up), AR's and the others' at different moments; on a busy machine one run's speedup can be "
+                "off by several x: take --repeats 5 for medians with their spread")
+    return (f"the table above is the median repeat's runs (by its {MODE_LABELS[measurement.primary]} time); "
+            f"medians over all {repeats.count} repeats, with p10-p90 and min-max, below")
+
+
 def console_summary(measurement: Measurement, repeats: int) -> str:
-    """What `run` prints of a measurement: the summary table, then the repeats, the ranks and the capture."""
-    parts = [summary_table(measurement)]
+    """What `run` prints of a measurement: the summary table and what it comes from, then the repeats, the ranks
+    and the capture."""
+    parts = [summary_table(measurement), basis_line(measurement)]
     if repeats > 1:
         parts.append(repeats_table(measurement.repeats))
     if measurement.ranks is not None:

@@ -21,10 +21,19 @@ def stage_color(category: str) -> str:
     return STAGE_COLORS.get(category, OTHER_COLORS[sum(map(ord, category)) % len(OTHER_COLORS)])
 
 
+def time_unit(span_ns: float) -> tuple[str, float]:
+    """The unit an axis spanning `span_ns` reads best in, and its size in ns: µs below 2 ms, ms below 2 s, else s
+    (no axis of µs in millions)."""
+    if span_ns < 2e6:
+        return "µs", 1e3
+    return ("ms", 1e6) if span_ns < 2e9 else ("s", 1e9)
+
+
 def timeline_figure(run: RunRecord) -> go.Figure:
     """Every timed range as a horizontal bar at its start (base) on the run's timeline, one row per nesting
     depth, coloured by stage."""
     spans = run_spans(run)
+    unit, size = time_unit(max((s.start_ns + s.dur_ns for s in spans), default=0))
     by_category: dict[str, list] = {}
     for s in spans:
         by_category.setdefault(PREFILL if s.step is None else stage_category(s.name), []).append(s)
@@ -32,14 +41,14 @@ def timeline_figure(run: RunRecord) -> go.Figure:
     for category, group in by_category.items():
         fig.add_trace(go.Bar(
             orientation="h", name=category, marker_color=stage_color(category),
-            base=[s.start_ns / 1e6 for s in group], x=[s.dur_ns / 1e6 for s in group],
+            base=[s.start_ns / size for s in group], x=[s.dur_ns / size for s in group],
             y=[f"depth {s.depth}" for s in group],
-            customdata=[[s.name, "prefill" if s.step is None else s.step, s.start_ns / 1e6] for s in group],
-            hovertemplate="%{customdata[0]}<br>step %{customdata[1]}<br>start %{customdata[2]:.3f} ms, "
-                          "%{x:.3f} ms<extra></extra>"))
+            customdata=[[s.name, "prefill" if s.step is None else s.step, s.start_ns / size] for s in group],
+            hovertemplate=f"%{{customdata[0]}}<br>step %{{customdata[1]}}<br>start %{{customdata[2]:.3f}} {unit}, "
+                          f"%{{x:.3f}} {unit}<extra></extra>"))
     depths = sorted({s.depth for s in spans})
     fig.update_layout(barmode="overlay", title=f"{run.mode} timeline ({run.num_steps} steps after the prefill)",
-                      xaxis={"title": "ms since the prefill started"},
+                      xaxis={"title": f"{unit} since the prefill started"},
                       yaxis={"categoryorder": "array", "categoryarray": [f"depth {d}" for d in reversed(depths)]},
                       height=160 + 40 * len(depths), margin={"l": 70, "r": 20, "t": 50, "b": 40})
     return fig
@@ -69,10 +78,10 @@ def acceptance_figure(summary: dict) -> go.Figure:
     fig = go.Figure(go.Bar(x=list(range(len(hist))), y=hist, marker_color=MODE_COLORS[summary["mode"]],
                            hovertemplate="%{y} steps accepted %{x} drafted tokens<extra></extra>"))
     label = MODE_LABELS[summary["mode"]]
-    fig.update_layout(title=f"{label}: acceptance length histogram (tau = {summary['tau']:.2f} tokens/step incl. "
-                      "bonus)" if summary["tau"] is not None else f"{label}: acceptance length histogram",
+    tau = "" if summary["tau"] is None else f"<br><sup>tau = {summary['tau']:.2f} tokens/step, bonus included</sup>"
+    fig.update_layout(title=f"{label}: acceptance lengths{tau}",
                       xaxis={"title": "drafted tokens accepted in a step", "dtick": 1}, yaxis={"title": "steps"},
-                      height=340, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+                      height=340, margin={"l": 60, "r": 20, "t": 70, "b": 50})
     return fig
 
 

@@ -11,6 +11,7 @@ from engine.model.parallel import current_shard, gather_to_leader
 from engine.model.target import TargetModel
 from engine.records import RunRecord, StepRecord
 from profiling.capture import capture_runs
+from profiling.job import Job, Plan
 from profiling.measurement import Measurement
 from profiling.repeats import median_repeat, repeat_stats
 
@@ -54,3 +55,12 @@ def measure(request: DecodeRequest, model: TargetModel | None = None, repeats: i
         runs, stats = median_repeat(repeated, request.primary), repeat_stats(repeated)
     ranks = gather_to_leader(runs) if current_shard() is not None else None
     return Measurement.of(runs, capture, stats, ranks)
+
+
+def measure_job(request: DecodeRequest, model: TargetModel, repeats: int) -> Job:
+    """measure() of `repeats` repeats as a Job (profiling/job.py): started by the caller, stoppable at every step;
+    its result is the Measurement."""
+    check_plan(repeats, False)
+    plan = Plan(repeats, (1 + len(request.modes)) * request.config.max_new_tokens, "repeat")
+    return Job("measure", plan, lambda job: measure(request, model, repeats, on_step=lambda s: job.step(
+        s.num_committed), on_progress=lambda done, total: job.units_done(done)))

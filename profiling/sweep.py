@@ -16,10 +16,14 @@ from engine.config import AUTO_BUDGET_MAX, MAX_BUDGET, DecodeConfig
 from engine.decoding.request import DecodeRequest
 from engine.decoding.session import continuation_of, load_target, make_decoder
 from engine.model.target import TargetModel
+from engine.records import StepRecord
+from profiling.job import Job, Plan
 from profiling.metrics import run_time_ns, tau
 from profiling.repeats import stats
 
 DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, "auto")  # auto: --budget auto beside the fixed budgets
+QUICK_BUDGETS = (4, 16, 64, "auto:64")  # the Profile page's first sweep: a few seconds on the CPU; type more there
+QUICK_REPEATS = 2  # its decodes per budget: the fewest that measure a spread
 
 
 def parse_budgets(text: str) -> list[int | str]:
@@ -46,8 +50,9 @@ def config_for(cfg: DecodeConfig, budget: int | str) -> DecodeConfig:
     return dataclasses.replace(cfg, budget=budget, auto_budget=False)
 
 
-def budget_sweep(request: DecodeRequest, budgets: Sequence[int], repeats: int = 1, model: TargetModel | None = None,
-                 on_progress: Callable[[int, int], None] | None = None) -> list[dict]:
+def budget_sweep(request: DecodeRequest, budgets: Sequence[int | str], repeats: int = 1,
+                 model: TargetModel | None = None, on_progress: Callable[[int, int], None] | None = None,
+                 on_step: Callable[[StepRecord], None] | None = None) -> list[dict]:
     """DDTree decodes of the request's prompt with its drafter at each budget (its config's budget is replaced), in
     increasing budget order.
 
@@ -56,20 +61,14 @@ def budget_sweep(request: DecodeRequest, budgets: Sequence[int], repeats: int = 
     (the tokens and steps are the same every time). The target's continuation (what an oracle drafter
     knows) is computed once, and one untimed decode at the first budget runs first so that one-time costs (lazy
     kernel and allocator set-up) do not land on the smallest budget. on_progress(done, total) follows each
-    budget."""
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
-    cfg = request.config
-    configs = [config_for(cfg, b) for b in budgets]  # DecodeConfig validates each budget
-    configs = sorted({c.budget_label: c for c in configs}.values(), key=lambda c: (c.auto_budget, c.budget))
-    if not configs:
-        raise ValueError("no budgets to sweep: give at least one budget")
-    ckpt, prompt = request.checkpoint, request.prompt
+    budget, on_step sees every step of every decode (the untimed one included)."""
+    configs = sweep_configs(request.config, budgets, repeats)
+    ckpt, prompt, cfg = request.checkpoint, request.prompt, request.config
     model = model or load_target(ckpt, cfg)
     truth = continuation_of(ckpt, prompt, cfg, model)(cfg.max_new_tokens + cfg.block_size)
 
     def run(c: DecodeConfig):
-        return make_decoder(ckpt, prompt, c, "ddtree", request.drafter, model=model, continuation=truth).run()
+        return make_decoder(ckpt, prompt, c, "ddtree", request.drafter, model=model, continuation=truth).run(on_step)
 
     run(configs[0])
     rows = []
@@ -83,6 +82,27 @@ def budget_sweep(request: DecodeRequest, budgets: Sequence[int], repeats: int = 
         if on_progress is not None:
             on_progress(i + 1, len(configs))
     return rows
+
+
+def sweep_configs(cfg: DecodeConfig, budgets: Sequence[int | str], repeats: int) -> list[DecodeConfig]:
+    """The configs a sweep of `budgets` decodes, in its order (fixed budgets rising, then auto); checked."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: expected an integer >= 1")
+    configs = [config_for(cfg, b) for b in budgets]  # DecodeConfig validates each budget
+    configs = sorted({c.budget_label: c for c in configs}.values(), key=lambda c: (c.auto_budget, c.budget))
+    if not configs:
+        raise ValueError("no budgets to sweep: give at least one budget")
+    return configs
+
+
+def sweep_job(request: DecodeRequest, model: TargetModel, budgets: Sequence[int | str], repeats: int) -> Job:
+    """budget_sweep() as a Job (profiling/job.py), stoppable at every step; its result is the rows. Its decodes:
+    the untimed one, then `repeats` per budget."""
+    num_budgets = len(sweep_configs(request.config, budgets, repeats))
+    plan = Plan(1 + num_budgets * repeats, request.config.max_new_tokens, "decode")
+    return Job("sweep", plan, lambda job: budget_sweep(
+        request, budgets, repeats, model, on_progress=lambda done, total: job.units_done(1 + done * repeats),
+        on_step=lambda s: job.step(s.num_committed)))
 
 
 def fastest(rows: list[dict]) -> dict:

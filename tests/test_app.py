@@ -20,7 +20,7 @@ from engine.decoding.session import decode
 from engine.drafters import REGISTRY
 from engine.loaders.kdtr import read_kdtr
 from profiling.metrics import run_time_ns
-from profiling.sweep import DEFAULT_BUDGETS, verdict
+from profiling.sweep import QUICK_BUDGETS, verdict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "models" / "model_tiny.kdtr"
@@ -50,6 +50,20 @@ def metric(at: AppTest, label: str) -> str:
 def press(at: AppTest, label: str) -> AppTest:
     next(b for b in at.button if b.label == label).click()
     return run(at)
+
+
+def wait_for_job(at: AppTest) -> AppTest:
+    """Wait for the Profile page's background measurement or sweep, then draw the page again (which keeps its
+    result)."""
+    running = at.session_state["profile_job"]
+    assert running is not None and running.job.join(TIMEOUT), "a job ran and ended"
+    return run(at)
+
+
+def measure(at: AppTest) -> AppTest:
+    """Press the Profile page's Measure (or Measure again) and wait for the measurement."""
+    next(b for b in at.button if b.key == "profile_measure").click()
+    return wait_for_job(run(at))
 
 
 def shown_tokens(at: AppTest) -> list[int]:
@@ -219,12 +233,12 @@ def test_two_tabs_do_not_share_state():
 
 def test_profile_page_tables_charts_and_sweep():
     at = start()
-    run(at.switch_page("app_pages/profile.py"))
+    measure(run(at.switch_page("app_pages/profile.py")))
     measured = at.session_state["live"].measurement
     assert measured.repeats.count == at.number_input(key="profile_repeats").value == 5, "the default"
     count = random.randint(2, 4)
     at.number_input(key="profile_repeats").set_value(count)
-    run(at)
+    measure(run(at))
     measured = at.session_state["live"].measurement
     runs, repeated = measured.runs, measured.repeats.modes
     assert measured.repeats.count == count and repeated["ddtree"]["tokens_per_s"]["n"] == count
@@ -259,14 +273,14 @@ def test_profile_page_tables_charts_and_sweep():
     run(at)
     assert plotly_specs(at)[2] != before, "the timeline shows the chosen step"
 
-    assert at.text_input(key="sweep_budgets").value == ", ".join(map(str, DEFAULT_BUDGETS))
+    assert at.text_input(key="sweep_budgets").value == ", ".join(map(str, QUICK_BUDGETS))
     at.text_input(key="sweep_budgets").set_value("4, x")
-    press(at, "Run sweep")
-    assert "'x'" in at.error[0].value
+    run(at)
+    assert "'x'" in at.error[0].value and next(b for b in at.button if b.label == "Run sweep").disabled
     budgets = sorted(random.sample(range(1, 17), 2))
     at.text_input(key="sweep_budgets").set_value(" ".join(map(str, budgets)))
     at.number_input(key="sweep_repeats").set_value(2)
-    press(at, "Run sweep")
+    wait_for_job(press(run(at), "Run sweep"))  # the edit reruns the page (enabling the button) before the click
     rows = at.dataframe[3].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
     assert ((rows["ms_p10"] <= rows["ms_per_token"]) & (rows["ms_per_token"] <= rows["ms_p90"])).all()
@@ -274,7 +288,7 @@ def test_profile_page_tables_charts_and_sweep():
     assert any(m.value == sentence[0].upper() + sentence[1:] + "." for m in at.markdown)
     assert len(plotly_specs(at)) == 8
 
-    press(at, "Re-run")
+    measure(at)
     assert at.session_state["live"].measurement.runs["ddtree"] is not dd, "re-measured"
 
 
@@ -308,7 +322,7 @@ def test_report_page_offers_the_five_files():
     assert json.loads(files["report.json"])["repeats"]["count"] == 1, "one decode: one repeat"
 
     at.session_state["profile_repeats"] = 2  # the Profile page measures two repeats; the Report page exports them
-    run(run(at.switch_page("app_pages/profile.py")).switch_page("app_pages/report.py"))
+    run(measure(run(at.switch_page("app_pages/profile.py"))).switch_page("app_pages/report.py"))
     doc = json.loads(at.session_state["live"].reports["report.json"])
     live = at.session_state["live"].measurement
     assert doc["repeats"]["count"] == 2, "the Profile page's repeats"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_app import metric, press, run, shown_tokens, start
+from test_app import measure, metric, press, run, shown_tokens, start
 
 from engine.config import DecodeConfig
 from engine.decoding.session import decode
@@ -68,7 +68,7 @@ def differ_warnings(at) -> list[str]:
 
 def test_every_page_warns_when_the_texts_differ():
     at = start()
-    run(at.switch_page("app_pages/profile.py"))
+    measure(run(at.switch_page("app_pages/profile.py")))
     assert not differ_warnings(at)
     live = at.session_state["live"]
     runs = live.measurement.runs

@@ -254,3 +254,19 @@ def test_the_drafter_flags_take_exactly_their_settings_range(name):
             with pytest.raises(CliError) as cli:
                 drafter_spec(args)
             assert str(cli.value) == f"{opt.setting.flag}: {config.value}"
+
+
+def test_run_says_its_numbers_come_from_one_run_and_repeats_give_medians(capsys):
+    """One run's speedup on a busy machine can be anything (21.78x was seen): run says when it is one run; with
+    --repeats the table is the median repeat's and the medians with their spread follow."""
+    assert main(BASE) == 0
+    single = capsys.readouterr().out
+    assert "one run: the times and speedups above come from a single decode" in single
+    assert "--repeats 5" in single and "repeats after one warm-up" not in single
+    assert main([*BASE, "--repeats", "3"]) == 0
+    repeated = capsys.readouterr().out
+    assert "one run:" not in repeated
+    assert "the table above is the median repeat's runs (by its DDTree time); medians over all 3 repeats" in repeated
+    speedup = next(line.split() for line in repeated.splitlines() if line.startswith("DDTree speedup"))
+    median, p10, p90, lo, hi = map(float, speedup[2:])
+    assert lo <= p10 <= median <= p90 <= hi

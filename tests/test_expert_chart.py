@@ -29,3 +29,15 @@ def test_rows_and_bars_are_the_records_means(tiny_checkpoint):
     fig = expert_figure(list(rows.values()))
     assert [trace.name for trace in fig.data] == ["AR", "DDTree"]
     assert np.allclose(fig.data[1].y, rows["ddtree"]["touched"])
+
+
+def test_the_chart_names_the_moe_layers_as_the_timing_table_does(tiny_checkpoint):
+    cfg = DecodeConfig(budget=random.choice([4, 16]), max_new_tokens=4)
+    runs = decode_runs(tiny_checkpoint, tiny_checkpoint.prompt.tolist(), cfg, modes=("ddtree",))
+    timed = {name.split("/")[2] for name in runs["ddtree"].steps[0].timings_ns if name.endswith("/moe")}
+    fig = expert_figure(expert_rows(runs))
+    model = tiny_checkpoint.config
+    assert model.first_k_dense_replace > 0, "the fixture has a dense layer first: the two numberings differ"
+    for trace in fig.data:
+        assert list(trace.x) == sorted(timed, key=lambda n: int(n[5:])), "the timing ranges' layer names"
+        assert len(trace.x) == model.num_hidden_layers - model.first_k_dense_replace

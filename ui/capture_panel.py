@@ -9,7 +9,7 @@ from engine.records import MODE_LABELS, RunRecord
 from profiling import capture_view
 from profiling.capture_data import Capture
 from profiling.measure import measure
-from ui import state
+from ui import profile_jobs, state
 from ui.current import request_of, target_model
 from ui.safe_text import plain
 
@@ -41,8 +41,9 @@ def section() -> None:
                "tree_build path ran; on the CPU the top CPU ops per range. The profiler's overhead inflates its "
                "timings, so the numbers above come from runs without it.")
     needs_model = state.needs_model()
-    if st.button("Capture with torch.profiler", disabled=bool(needs_model),
-                 help=needs_model or "Decode once more with torch.profiler recording"):
+    blocked = needs_model or profile_jobs.busy()
+    if st.button("Capture with torch.profiler", disabled=bool(blocked),
+                 help=blocked or "Decode once more with torch.profiler recording"):
         take()
     got = state.current().captured
     if got is None:

@@ -10,7 +10,7 @@ from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
 from engine.records import MODE_LABELS, BudgetChoice, RunRecord, StepRecord
-from profiling.charts import MODE_COLORS
+from profiling.charts import MODE_COLORS, time_unit
 from profiling.metrics import self_ns
 from profiling.spans import nested, step_spans
 from profiling.sweep import winner
@@ -49,16 +49,18 @@ def kernel_bars(run: RunRecord) -> go.Figure:
 
 
 def step_timeline(step: StepRecord) -> go.Figure:
-    """The step's ranges as horizontal bars from their start offset (µs), nested ranges one row each."""
+    """The step's ranges as horizontal bars from their start offset (in µs, ms or s as the step's length needs),
+    nested ranges one row each."""
     rows = nested(step_spans(step))
+    unit, size = time_unit(max((span.start_ns + span.dur_ns for span, _ in rows), default=0))
     names = [span.name.removeprefix("step/") if span.name != "step" else "step" for span, _ in rows]
     fig = go.Figure(go.Bar(
-        y=names, x=[span.dur_ns / 1e3 for span, _ in rows], base=[span.start_ns / 1e3 for span, _ in rows],
+        y=names, x=[span.dur_ns / size for span, _ in rows], base=[span.start_ns / size for span, _ in rows],
         orientation="h", marker={"color": [depth for _, depth in rows], "colorscale": "Viridis"},
-        customdata=[[span.start_ns / 1e3, depth] for span, depth in rows],
-        hovertemplate="%{y}<br>start %{customdata[0]:.1f} µs, %{x:.1f} µs<extra></extra>"))
+        customdata=[[span.start_ns / size, depth] for span, depth in rows],
+        hovertemplate=f"%{{y}}<br>start %{{customdata[0]:.4g}} {unit}, %{{x:.4g}} {unit}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", tickfont={"size": 10}, automargin=True)  # range names shown whole
-    fig.update_layout(xaxis_title="µs since the step started", height=max(300, 18 * len(rows) + 80),
+    fig.update_layout(xaxis_title=f"{unit} since the step started", height=max(300, 18 * len(rows) + 80),
                       margin={"t": 30, "b": 40})
     return fig
 
@@ -119,9 +121,10 @@ def rank_figure(run: RunRecord, label: str) -> go.Figure:
     total = sum(counts) or 1
     fig = go.Figure(go.Bar(x=list(range(len(counts))), y=counts, customdata=[c / total for c in counts],
                            hovertemplate="rank %{x}: %{y} accepted tokens (%{customdata:.1%})<extra></extra>"))
-    fig.update_layout(title=f"{label}: accepted tokens by the drafter's rank at their depth", height=300,
+    fig.update_layout(title=f"{label}: accepted tokens by draft rank<br><sup>the drafter's rank at their depth</sup>",
+                      height=300,
                       xaxis={"title": "draft rank (0: the drafter's top choice)", "dtick": 1},
-                      yaxis_title="accepted tokens", margin={"t": 50, "b": 40})
+                      yaxis_title="accepted tokens", margin={"t": 70, "b": 40})
     return fig
 
 

@@ -65,8 +65,12 @@ class Live(Current):
     def measure(self, count: int | None, on_progress: Callable[[int, int], None] | None = None) -> None:
         """Measure `count` repeats (None: one) after one warm-up; its exports are rendered again when asked."""
         s = self.settings
-        self.measurement = measure(request_of(s), target_model(s), repeats=count or 1, on_progress=on_progress)
-        self.reports = None
+        self.keep(measure(request_of(s), target_model(s), repeats=count or 1, on_progress=on_progress))
+
+    def keep(self, measurement: Measurement) -> None:
+        """Adopt a measurement of these settings (taken here or by the Profile page's job); its exports are
+        rendered again when asked."""
+        self.measurement, self.reports = measurement, None
 
     def forget(self) -> None:
         """Drop the measurement, so the next page view measures again."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from profiling.drafter_health import OK, check_drafter
-from ui import state
+from ui import profile_jobs, state
 from ui.current import request_of, target_model
 from ui.settings import Settings
 
@@ -19,8 +19,8 @@ def panel(s: Settings) -> None:
                "ids shifted by -1 and +1, the mask token's embedding row, the RoPE the drafter uses, the block size "
                "and the target's depth. CLI: `python -m engine drafter-check`.")
     shown = state.current()
-    needs_model = shown.needs_model()
-    if st.button("Check the drafter", disabled=bool(needs_model), help=needs_model):
+    blocked = shown.needs_model() or profile_jobs.busy()
+    if st.button("Check the drafter", disabled=bool(blocked), help=blocked):
         with st.spinner("Decoding the prompt with the drafter and its variants..."):
             try:
                 request = request_of(s)
