@@ -17,6 +17,7 @@ from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
 from engine.model.fixtures import tiny_config
 from engine.records import ExpertTraffic, NodeProbs, RunRecord, StepRecord, TreeRecord
+from profiling import report_reader
 from profiling.export_json import build_report
 from profiling.measurement import Measurement
 
@@ -130,16 +131,25 @@ def big_measurement(num_steps: int, budget: int = 1024, block_size: int = 8, see
 def big_report(num_steps: int, **kwargs) -> bytes:
     """big_measurement's report.json as compact JSON: the most records per byte a file of that size can hold (the
     writer indents, profiling/export_json.py, which the reader reads the same way)."""
-    return json.dumps(build_report(big_measurement(num_steps, **kwargs)), allow_nan=False).encode()
+    return _sized(num_steps, **kwargs)[0]
 
 
-def report_of_size(max_bytes: int, **kwargs) -> bytes:
-    """The largest big_report of at most max_bytes."""
-    per_step = len(big_report(2, **kwargs)) - len(big_report(1, **kwargs))
-    fixed = len(big_report(1, **kwargs)) - per_step
-    num_steps = max(1, (max_bytes - fixed) // per_step)
-    data = big_report(num_steps, **kwargs)
-    while len(data) > max_bytes and num_steps > 1:
+def _sized(num_steps: int, **kwargs) -> tuple[bytes, tuple[int, int, int]]:
+    """big_report and its (bytes, JSON values as the reader counts them, visibility mask cells)."""
+    measurement = big_measurement(num_steps, **kwargs)
+    data = json.dumps(build_report(measurement), allow_nan=False).encode()
+    cells = sum(s.tree.num_nodes ** 2 for run in measurement.runs.values() for s in run.steps)
+    return data, (len(data), data.count(b",") + 1, cells)
+
+
+def largest_admitted(**kwargs) -> bytes:
+    """The big_report of the most steps that profiling/report_reader.py's limits admit (MAX_BYTES, MAX_VALUES,
+    MAX_MASK_CELLS): each measure grows by about the same amount per step."""
+    limits = (report_reader.MAX_BYTES, report_reader.MAX_VALUES, report_reader.MAX_MASK_CELLS)
+    one, two = _sized(1, **kwargs)[1], _sized(2, **kwargs)[1]
+    num_steps = min((limit - a) // (b - a) + 1 for limit, a, b in zip(limits, one, two, strict=True))
+    while True:
+        data, measures = _sized(num_steps, **kwargs)
+        if all(m <= limit for m, limit in zip(measures, limits, strict=True)):
+            return data
         num_steps -= 1
-        data = big_report(num_steps, **kwargs)
-    return data

@@ -35,13 +35,14 @@ from profiling.report_schema_check import Problem, first_problem, out_of_range, 
 from profiling.schema import SCHEMA_VERSION
 
 # What a recording may hold, so that any file this reader admits opens in seconds with bounded memory (docs/reports.md
-# "Limits" has the measurements): bytes to read, JSON values to parse (counted by its commas before parsing), and
-# the trees' visibility masks (a step of N nodes keeps N * N bytes).
-MAX_BYTES = 256 * 2**20
-MAX_VALUES = 10**9
-MAX_MASK_CELLS = 2**40
+# "Limits": the largest opens in about 5 CPU seconds on a 2-core development machine, `python -m benchmarks.bench_load
+# --recording`): bytes to read, JSON values to parse (counted by the commas before parsing: a float costs about half
+# a microsecond), and the trees' visibility masks (a step of N nodes keeps N * N bytes: 1 MiB at B = 1024).
+MAX_BYTES = 128 * 2**20
+MAX_VALUES = 6_000_000
+MAX_MASK_CELLS = 320 * 2**20
 _LIMIT_IN_STEPS = f"about {MAX_MASK_CELLS // 1025**2} steps at B = 1024"
-SHORTER = "record fewer steps (a smaller --max-new) or smaller trees (a smaller --budget), or open it in parts"
+SHORTER = "record fewer steps (a smaller --max-new) or smaller trees (a smaller --budget)"
 EXPORT_AGAIN = "export it again with `python -m engine run --report DIR`"
 _INT64 = 2**63
 _DIVERGENCE_VERDICT = ("kind", "score_gap", "tolerance", "logit_gap", "token_gap")  # needs the AR logits
