@@ -4,11 +4,15 @@ torch.profiler capture and where it all ran. The dashboard's views then read it 
 
 A report comes from elsewhere, so it is checked whole before anything is built, and the first problem raises
 ReportReadError naming what is wrong, where in the file, and what to do:
-1. size (at most MAX_BYTES), UTF-8, strict JSON (engine.loaders.strict_json: no duplicate keys, bounded nesting), every
-   number finite and every integer within 64 bits;
+0. not another file of the report set (profiling/report_kind.py: a trace.json, a CSV or the page is named as such);
+1. the limits (MAX_BYTES, MAX_VALUES before parsing, MAX_MASK_CELLS after), UTF-8, strict JSON
+   (engine.loaders.strict_json: no duplicate keys, bounded nesting), every number finite and every integer within
+   64 bits;
 2. schema_version: this reader reads SCHEMA_VERSION;
 3. the schema (profiling/schema.py, checked fast by profiling/report_schema_check.py);
-4. the records' own rules (profiling/report_checks.py), and the summaries and repeat statistics against the steps.
+4. the records' own rules (profiling/report_checks.py, each tree on whole arrays by profiling/report_trees.py), and
+   the summaries and repeat statistics against the steps.
+A progress callback hears how far it got (the dashboard reads in a background thread, ui/loading.py).
 What a report cannot hold stays out: the AR logits (RunRecord.logits is None), so a first divergence keeps the
 verdict recorded with it (near tie or real), which the machine that had the logits computed.
 """
@@ -35,16 +39,16 @@ from profiling.report_schema_check import Problem, first_problem, out_of_range, 
 from profiling.schema import SCHEMA_VERSION
 
 # What a recording may hold, so that any file this reader admits opens in seconds with bounded memory (docs/reports.md
-# "Limits": the largest opens in about 5 CPU seconds on a 2-core development machine, `python -m benchmarks.bench_load
-# --recording`): bytes to read, JSON values to parse (counted by the commas before parsing: a float costs about half
-# a microsecond), and the trees' visibility masks (a step of N nodes keeps N * N bytes: 1 MiB at B = 1024).
+# "Limits": the largest opens in about 5 CPU seconds on a 2-core development machine, `python -m
+# benchmarks.bench_load --only recording`): bytes to read, JSON values to parse (counted by the commas before
+# parsing: a float costs about half a microsecond), and the trees' visibility masks (a step of N nodes keeps N * N
+# bytes: 1 MiB at B = 1024).
 MAX_BYTES = 128 * 2**20
 MAX_VALUES = 6_000_000
 MAX_MASK_CELLS = 320 * 2**20
 _LIMIT_IN_STEPS = f"about {MAX_MASK_CELLS // 1025**2} steps at B = 1024"
 SHORTER = "record fewer steps (a smaller --max-new) or smaller trees (a smaller --budget)"
 EXPORT_AGAIN = "export it again with `python -m engine run --report DIR`"
-_INT64 = 2**63
 _DIVERGENCE_VERDICT = ("kind", "score_gap", "tolerance", "logit_gap", "token_gap")  # needs the AR logits
 
 
@@ -95,7 +99,7 @@ def read_report_file(path: str | os.PathLike, progress: Progress | None = None) 
                                   "of a report.json.")
         size = path.stat().st_size
         with path.open("rb") as file:
-            data = file.read(MAX_BYTES + 1)  # the head alone says what a file too large is
+            data = file.read(4096 if size > MAX_BYTES else -1)  # the head alone says what a file too large is
     except OSError as exc:
         raise ReportReadError(f"{path}: cannot be read ({exc.strerror or exc}); check the path and its "
                               "permissions.") from None

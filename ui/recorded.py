@@ -119,9 +119,7 @@ def _on_path() -> None:
 def _progress() -> None:
     """The background read's progress bar, polled; once it is over, the whole page again (the recording, or the
     error below)."""
-    if st.session_state.report_loading is None:
-        return
-    if _finish_if_done():
+    if st.session_state.report_loading is None or _finish_if_done():
         st.rerun(scope="app")
     state = st.session_state.report_loading
     st.progress(state.fraction, text=plain(f"Opening {state.name}: {state.what} ({state.seconds:.0f} s)"))
@@ -145,7 +143,8 @@ def sidebar() -> None:
                               "machine (a GPU server): every page shows it as it shows a live decode.")
         st.text_input("Or a report path", key="report_path", on_change=_on_path, placeholder="out/report.json",
                       help="The path of a report.json on this server.")
-        _progress()
+        if st.session_state.report_loading is not None:  # polled only while a read runs
+            _progress()
         error = st.session_state.report_error
         if error:
             still = f"Still showing {opened.recording.name}." if opened is not None else "Still decoding live."
