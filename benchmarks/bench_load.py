@@ -1,7 +1,8 @@
-"""What loading costs on the host: peak RSS while a Hugging Face directory streams to a bf16 run, and the .kdtr
-checksum's time against the time to read the file.
+"""What loading costs on the host: peak RSS while a Hugging Face directory streams to a bf16 run, the .kdtr
+checksum's time against the time to read the file, and the time and memory to open the largest recording the
+report reader admits (profiling/report_reader.py's limits; benchmarks/big_recording.py builds it).
 
-    python -m benchmarks.bench_load [--hf-mb 400] [--kdtr-mb 1024] [--dir DIR]
+    python -m benchmarks.bench_load [--hf-mb 400] [--kdtr-mb 1024] [--dir DIR] [--only hf|kdtr|recording]
 
 Each measurement runs in a fresh child process (its peak RSS, VmHWM, restarted after imports and the header
 checks). The files are written into DIR (default: a temporary directory) and removed afterwards.
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from benchmarks.big_recording import largest_admitted
 from engine.loaders.checkpoint import Checkpoint
 from engine.loaders.kdtr import write_kdtr
 from engine.model.fixtures import tiny_config
@@ -50,6 +52,15 @@ _CHILD = textwrap.dedent("""
         before = restart_peak()
         arrays = ckpt.numpy_weights()  # float32 host arrays: what the loader used to hold for every model
         print(json.dumps({"stream_bytes": stream, "float32_bytes": status("VmHWM") - before}))
+    elif kind == "recording":
+        import engine.drafters  # torch, which the dashboard has loaded before any recording
+        from profiling.report_reader import read_report_file
+        before = restart_peak()
+        wall, cpu = time.perf_counter(), time.process_time()
+        recording = read_report_file(path)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_bytes": status("VmHWM") - before,
+                          "kept_bytes": status("VmRSS") - before}))
     else:
         start = time.perf_counter()
         with open(path, "rb", buffering=0) as f:
@@ -97,24 +108,41 @@ def kdtr_file(path: Path, megabytes: int) -> int:
     return path.stat().st_size
 
 
+def _recording(root: Path) -> None:
+    data = largest_admitted()
+    (root / "largest.json").write_bytes(data)
+    got = _child("recording", root / "largest.json")
+    mb = 2**20
+    print(f"largest recording the reader admits: {len(data) / mb:.0f} MiB, {data.count(b',') / 1e6:.1f} million JSON "
+          f"values, trees of 1,025 nodes: opened in {got['wall_s']:.1f} s ({got['cpu_s']:.1f} s of CPU)")
+    print(f"  peak RSS growth opening it: {got['peak_bytes'] / mb:.0f} MB; kept while it is open: "
+          f"{got['kept_bytes'] / mb:.0f} MB")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hf-mb", type=int, default=400, help="size of the bf16 Hugging Face directory")
     parser.add_argument("--kdtr-mb", type=int, default=1024, help="size of the .kdtr file")
     parser.add_argument("--dir", type=Path, help="where to write the files (default: a temporary directory)")
+    parser.add_argument("--only", choices=["hf", "kdtr", "recording"], help="run one measurement (default: all)")
     args = parser.parse_args(argv)
+    mb = 2**20
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        total, largest = hf_dir(Path(tmp), args.hf_mb)
-        hf = _child("hf", Path(tmp))
-        mb = 2**20
-        print(f"Hugging Face bf16 directory: {total / mb:.0f} MB, largest tensor {largest / mb:.0f} MB")
-        print(f"  peak RSS growth streaming it to a bf16 run: {hf['stream_bytes'] / mb:.0f} MB")
-        print(f"  peak RSS growth holding it as float32 arrays (numpy_weights): {hf['float32_bytes'] / mb:.0f} MB")
-        (Path(tmp) / "model.safetensors").unlink()
-        size = kdtr_file(Path(tmp) / "big.kdtr", args.kdtr_mb)
-        kdtr = _child("kdtr", Path(tmp) / "big.kdtr")
-        print(f".kdtr of {size / mb:.0f} MB (in the page cache): read {kdtr['read_s']:.2f} s, SHA-256 of the data "
-              f"{kdtr['sha256_s']:.2f} s, read_kdtr in full {kdtr['read_kdtr_s']:.2f} s")
+        if args.only in (None, "hf"):
+            total, largest = hf_dir(Path(tmp), args.hf_mb)
+            hf = _child("hf", Path(tmp))
+            print(f"Hugging Face bf16 directory: {total / mb:.0f} MB, largest tensor {largest / mb:.0f} MB")
+            print(f"  peak RSS growth streaming it to a bf16 run: {hf['stream_bytes'] / mb:.0f} MB")
+            print(f"  peak RSS growth holding it as float32 arrays (numpy_weights): {hf['float32_bytes'] / mb:.0f} MB")
+            (Path(tmp) / "model.safetensors").unlink()
+        if args.only in (None, "kdtr"):
+            size = kdtr_file(Path(tmp) / "big.kdtr", args.kdtr_mb)
+            kdtr = _child("kdtr", Path(tmp) / "big.kdtr")
+            print(f".kdtr of {size / mb:.0f} MB (in the page cache): read {kdtr['read_s']:.2f} s, SHA-256 of the data "
+                  f"{kdtr['sha256_s']:.2f} s, read_kdtr in full {kdtr['read_kdtr_s']:.2f} s")
+            (Path(tmp) / "big.kdtr").unlink()
+        if args.only in (None, "recording"):
+            _recording(Path(tmp))
     return 0
 
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from engine.config import ConfigError, DecodeConfig, ModelConfig, buckets_up_to
 from engine.loaders.text import render_bytes
 from engine.records import MODES
+from profiling import report_trees
 from profiling.repeats import RANGE_COLUMNS, STAT_FIELDS
 
 if TYPE_CHECKING:
@@ -35,7 +38,9 @@ def require(ok: bool, where: str, what: str) -> None:
         raise ReportCheckError(f"{where}: {what}")
 
 
-def check_ids(ids: Iterable[int], size: int, where: str, what: str = "token id") -> None:
+def check_ids(ids: Sequence[int], size: int, where: str, what: str = "token id") -> None:
+    if not ids or (min(ids) >= 0 and max(ids) < size):
+        return
     for i, x in enumerate(ids):
         require(0 <= x < size, f"{where}[{i}]", f"{what} {x} is out of range [0, {size})")
 
@@ -95,10 +100,20 @@ def tree_size(mode: str, decode: DecodeConfig) -> int:
     return {"ar": 1, "chain": decode.block_size, "ddtree": decode.budget + 1}[mode]
 
 
-def check_tree(tree: dict, size: int, max_depth: int, vocab: int, where: str) -> None:
+def check_tree(tree: dict, size: int, max_depth: int, vocab: int, where: str) -> np.ndarray:
+    """The tree's rules, walked node by node only where report_trees finds one broken; returns its visibility
+    mask [size, size] bool, which its `visible` rows hold as index lists."""
     lengths = {k: len(tree[k]) for k in ("tokens", "parents", "depths", "ranks", "scores", "visible")}
     require(set(lengths.values()) == {size}, f"{where}.tree", f"the arrays' lengths {lengths} are not all {size}, "
                                                               "the tree size of this mode and budget")
+    mask = report_trees.mask_if_valid(tree, size, max_depth, vocab)
+    if mask is None:
+        _walk_tree(tree, size, max_depth, vocab, where)
+        mask = report_trees.mask_of_rows(tree["visible"])
+    return mask
+
+
+def _walk_tree(tree: dict, size: int, max_depth: int, vocab: int, where: str) -> None:
     check_ids(tree["tokens"], vocab, f"{where}.tree.tokens")
     parents, depths = tree["parents"], tree["depths"]
     require(parents[0] == -1 and depths[0] == 0, f"{where}.tree", "node 0 is the root: parent -1, depth 0")
@@ -123,8 +138,9 @@ def check_tree(tree: dict, size: int, max_depth: int, vocab: int, where: str) ->
                                                                    f"{sorted(sees)}")
 
 
-def check_step(step: dict, index: int, prefix_len: int, cfg: Config, where: str) -> None:
-    """One step against its mode's tree size and the acceptance rule; prefix_len: where the previous step left."""
+def check_step(step: dict, index: int, prefix_len: int, cfg: Config, where: str) -> np.ndarray:
+    """One step against its mode's tree size and the acceptance rule; prefix_len: where the previous step left.
+    Returns its tree's visibility mask."""
     decode, vocab = cfg.decode, cfg.model.vocab_size
     size = tree_size(step["mode"], decode)
     if step["mode"] == "ddtree" and decode.auto_budget:  # each step verifies a truncation at a budget bucket
@@ -139,7 +155,7 @@ def check_step(step: dict, index: int, prefix_len: int, cfg: Config, where: str)
     require(step["index"] == index, f"{where}.index", f"{step['index']}, but it is {step['mode']} step {index}")
     require(step["prefix_len"] == prefix_len, f"{where}.prefix_len",
             f"{step['prefix_len']}, but the prompt and the steps before it leave the cache at {prefix_len}")
-    check_tree(step["tree"], size, decode.num_draft_positions, vocab, where)
+    mask = check_tree(step["tree"], size, decode.num_draft_positions, vocab, where)
     tree = step["tree"]
     for name in ("target", "logit_gap"):
         require(len(step[name]) == size, f"{where}.{name}", f"has {len(step[name])} entries for {size} nodes")
@@ -174,20 +190,26 @@ def check_step(step: dict, index: int, prefix_len: int, cfg: Config, where: str)
                 f"has {len(experts['touched'])} entries for the model's {layers} MoE layers")
         require(experts["bytes_read"] == sum(experts["touched"]) * experts["bytes_per_expert"],
                 f"{where}.experts.bytes_read", "is not touched (all layers) x bytes_per_expert")
+    return mask
 
 
-def check_steps_and_runs(doc: dict, cfg: Config) -> None:
+def check_steps_and_runs(doc: dict, cfg: Config, progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
     """Every step in its run's order, each where the one before left the cache; each run's tokens are what its
-    steps committed, truncated to max_new_tokens."""
+    steps committed, truncated to max_new_tokens. Returns each step's visibility mask, in the file's order;
+    progress(i): called every so many steps with the steps checked."""
     prompt_len, limit = len(doc["config"]["prompt"]), cfg.decode.max_new_tokens
     by_mode: dict[str, list[dict]] = {m: [] for m in cfg.modes}
+    prefix = dict.fromkeys(cfg.modes, prompt_len)
+    masks = []
     for i, step in enumerate(doc["steps"]):
         require(step["mode"] in by_mode, f"steps[{i}].mode", f"{step['mode']!r} is not one of config.modes "
                                                              f"{cfg.modes}")
         done = by_mode[step["mode"]]
-        prefix = prompt_len + sum(s["num_committed"] for s in done)
-        check_step(step, len(done), prefix, cfg, f"steps[{i}]")
+        masks.append(check_step(step, len(done), prefix[step["mode"]], cfg, f"steps[{i}]"))
+        prefix[step["mode"]] += step["num_committed"]
         done.append(step)
+        if progress is not None and i % 64 == 0:
+            progress(i)
     for mode, steps in by_mode.items():
         run, where = doc["runs"][mode], f"runs.{mode}"
         require(run["mode"] == mode, f"{where}.mode", f"{run['mode']!r} under {mode!r}")
@@ -199,6 +221,7 @@ def check_steps_and_runs(doc: dict, cfg: Config) -> None:
                 f"are not the first token and the steps' committed tokens, cut to max_new_tokens {limit}")
         require(run["prefill_ns"] >= 0 and run["wall_ns"] == run["prefill_ns"] + sum(s["wall_ns"] for s in steps),
                 f"{where}.wall_ns", "is not the prefill's time plus every step's")
+    return masks
 
 
 def check_capture(doc: dict, cfg: Config) -> None:

@@ -4,11 +4,15 @@ torch.profiler capture and where it all ran. The dashboard's views then read it 
 
 A report comes from elsewhere, so it is checked whole before anything is built, and the first problem raises
 ReportReadError naming what is wrong, where in the file, and what to do:
-1. size (at most MAX_BYTES), UTF-8, strict JSON (engine.loaders.strict_json: no duplicate keys, bounded nesting), every
-   number finite and every integer within 64 bits;
+0. not another file of the report set (profiling/report_kind.py: a trace.json, a CSV or the page is named as such);
+1. the limits (MAX_BYTES, MAX_VALUES before parsing, MAX_MASK_CELLS after), UTF-8, strict JSON
+   (engine.loaders.strict_json: no duplicate keys, bounded nesting), every number finite and every integer within
+   64 bits;
 2. schema_version: this reader reads SCHEMA_VERSION;
 3. the schema (profiling/schema.py, checked fast by profiling/report_schema_check.py);
-4. the records' own rules (profiling/report_checks.py), and the summaries and repeat statistics against the steps.
+4. the records' own rules (profiling/report_checks.py, each tree on whole arrays by profiling/report_trees.py), and
+   the summaries and repeat statistics against the steps.
+A progress callback hears how far it got (the dashboard reads in a background thread, ui/loading.py).
 What a report cannot hold stays out: the AR logits (RunRecord.logits is None), so a first divergence keeps the
 verdict recorded with it (near tie or real), which the machine that had the logits computed.
 """
@@ -18,7 +22,7 @@ import hashlib
 import math
 import os
 import pathlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,17 +30,25 @@ import numpy as np
 from engine.loaders import strict_json
 from engine.loaders.text import TokenizerError
 from engine.records import BudgetChoice, ExpertTraffic, NodeProbs, RunRecord, StepRecord, TreeRecord
-from profiling import report_checks
+from profiling import report_checks, report_kind
 from profiling.capture_data import Capture, KernelEvent, OpTime, RangeTime, RunCapture
 from profiling.measurement import Measurement
 from profiling.metrics import range_names, summarize_runs
 from profiling.repeats import STATISTICS, RepeatStats, large_spread, repeat_stats, summarize_repeats
-from profiling.report_schema_check import schema_error, skeleton
+from profiling.report_schema_check import Problem, first_problem, out_of_range, schema_error, skeleton
 from profiling.schema import SCHEMA_VERSION
 
-MAX_BYTES = 256 * 2**20  # a report of 1,025-node trees over a few hundred steps stays far below this
+# What a recording may hold, so that any file this reader admits opens in seconds with bounded memory (docs/reports.md
+# "Limits": the largest opens in about 5 CPU seconds on a 2-core development machine, `python -m
+# benchmarks.bench_load --only recording`): bytes to read, JSON values to parse (counted by the commas before
+# parsing: a float costs about half a microsecond), and the trees' visibility masks (a step of N nodes keeps N * N
+# bytes: 1 MiB at B = 1024).
+MAX_BYTES = 128 * 2**20
+MAX_VALUES = 6_000_000
+MAX_MASK_CELLS = 320 * 2**20
+_LIMIT_IN_STEPS = f"about {MAX_MASK_CELLS // 1025**2} steps at B = 1024"
+SHORTER = "record fewer steps (a smaller --max-new) or smaller trees (a smaller --budget)"
 EXPORT_AGAIN = "export it again with `python -m engine run --report DIR`"
-_INT64 = 2**63
 _DIVERGENCE_VERDICT = ("kind", "score_gap", "tolerance", "logit_gap", "token_gap")  # needs the AR logits
 
 
@@ -75,7 +87,10 @@ class Recording(Measurement):
     vocabulary: RecordedVocabulary | None  # None: the model had no tokenizer
 
 
-def read_report_file(path: str | os.PathLike) -> Recording:
+Progress = Callable[[float, str], None]  # (fraction done, what it is doing), as a progress bar shows it
+
+
+def read_report_file(path: str | os.PathLike, progress: Progress | None = None) -> Recording:
     """A report.json on this machine."""
     path = pathlib.Path(path)
     try:
@@ -83,57 +98,95 @@ def read_report_file(path: str | os.PathLike) -> Recording:
             raise ReportReadError(f"{path}: no such file (a directory, or a path that does not exist); give the path "
                                   "of a report.json.")
         size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ReportReadError(_too_big(str(path), size))
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            data = file.read(4096 if size > MAX_BYTES else -1)  # the head alone says what a file too large is
     except OSError as exc:
         raise ReportReadError(f"{path}: cannot be read ({exc.strerror or exc}); check the path and its "
                               "permissions.") from None
-    return read_report(data, str(path))
+    if size > MAX_BYTES:
+        _refuse_other_file(data, str(path))
+        raise ReportReadError(_too_big(str(path), size))
+    return read_report(data, str(path), progress)
 
 
-def read_report(data: bytes, name: str) -> Recording:
-    """The report in data (name: what to call it in messages)."""
+def read_report(data: bytes, name: str, progress: Progress | None = None) -> Recording:
+    """The report in data (name: what to call it in messages); progress, if given, hears how far it got."""
+    tell = progress or (lambda fraction, what: None)
+    _refuse_other_file(data, name)
     if len(data) > MAX_BYTES:
         raise ReportReadError(_too_big(name, len(data)))
-    doc = _parse(data, name)
+    values = data.count(b",") + 1  # at least the JSON values it holds (a comma inside a string counts too)
+    if values > MAX_VALUES:
+        raise ReportReadError(f"{name} holds about {values / 1e6:.1f} million JSON values, more than the "
+                              f"{MAX_VALUES / 1e6:.0f} million a recording may hold to open in seconds "
+                              f"({_LIMIT_IN_STEPS}): {SHORTER}.")
+    tell(0.0, f"parsing {len(data) / 1e6:.1f} MB of JSON")
+    doc = _parse(data, name, tell)
+    cells = sum(len(step["tree"]["tokens"]) ** 2 for step in doc["steps"])
+    if cells > MAX_MASK_CELLS:
+        raise ReportReadError(f"{name}'s trees need {cells / 2**20:.0f} MiB of visibility masks (one byte per pair "
+                              f"of nodes in each step's tree), more than the {MAX_MASK_CELLS / 2**20:.0f} MiB a "
+                              f"recording may take in memory ({_LIMIT_IN_STEPS}): {SHORTER}.")
+    steps = len(doc["steps"])
     try:
         cfg = report_checks.check_config(doc)
-        report_checks.check_steps_and_runs(doc, cfg)
+        masks = report_checks.check_steps_and_runs(
+            doc, cfg, lambda i: tell(0.5 + 0.3 * i / steps, f"checking step {i + 1} of {steps}"))
         report_checks.check_capture(doc, cfg)
-        runs = {mode: _run(doc, mode) for mode in cfg.modes}
+        tell(0.8, "building the records")
+        runs = {mode: _run(doc, mode, masks) for mode in cfg.modes}
         table = report_checks.check_vocabulary(doc, cfg, set().union(*(r.token_ids() for r in runs.values())))
         if table is not None:
             for run in runs.values():
                 run.vocabulary = {t: table[t] for t in sorted(run.token_ids())}
+        tell(0.9, "checking the summaries and statistics against the steps")
         summaries = _summaries(doc, runs)
         repeats = _repeats(doc, runs)
     except report_checks.ReportCheckError as exc:
         raise ReportReadError(f"{name} does not hold together at {exc}. The file was damaged or edited: "
                               f"{EXPORT_AGAIN}.") from None
+    tell(1.0, "done")
     return Recording(name=name, digest=hashlib.sha256(data).hexdigest(), size=len(data), runs=runs,
                      summaries=summaries, repeats=repeats, capture=_capture(doc["capture"]),
                      environment=dict(doc["environment"]), vocabulary=None if table is None else
                      RecordedVocabulary(table))
 
 
+def _refuse_other_file(data: bytes, name: str, doc: object = None) -> None:
+    kind = report_kind.other_file(data, doc)
+    if kind is not None:
+        raise ReportReadError(report_kind.not_a_report(name, kind))
+
+
 def _too_big(name: str, size: int) -> str:
-    return (f"{name} is {size / 2**20:.0f} MiB, more than the {MAX_BYTES / 2**20:.0f} MiB a report may be: it is not "
-            "a report.json, or one of far more steps than a dashboard can show; export a shorter decode.")
+    return (f"{name} is {size / 2**20:.0f} MiB, more than the {MAX_BYTES / 2**20:.0f} MiB a report may be "
+            f"({_LIMIT_IN_STEPS}): it is not a report.json, or {SHORTER}.")
 
 
-def _parse(data: bytes, name: str) -> dict:
+def _parse(data: bytes, name: str, tell: Progress) -> dict:
     """Steps 1-3 of the module docstring: the document, matching the schema."""
     try:
         doc = strict_json.loads(data)
     except strict_json.StrictJSONError as exc:
         raise ReportReadError(f"{name} {exc}: it is not a report.json, or it was cut short or damaged on the way; "
                               f"copy it again, or {EXPORT_AGAIN}.") from None
+    _refuse_other_file(data, name, doc)
     if not isinstance(doc, dict):
         kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(doc), "number")
         raise ReportReadError(f"{name} holds a JSON {kind}, not an object: it is not a report.json "
                               "(open the report.json that `python -m engine run --report DIR` wrote).")
-    cut = skeleton(doc)  # the big plain arrays checked and cut to one element (profiling/report_schema_check.py)
+    tell(0.4, "checking it against the report schema")
+    problem = first_problem(doc)
+    if problem is not None:
+        _explain(doc, name, problem)
+    return doc
+
+
+def _explain(doc: dict, name: str, problem: Problem) -> None:
+    """Raise the message for a document that does not match the schema: its out-of-range number, its schema version,
+    or jsonschema's verdict and place (on the skeleton, profiling/report_schema_check.py); problem (the compiled
+    check's) only where jsonschema accepts what this reader does not, such as 1.0 for an integer."""
+    cut = skeleton(doc)  # the big plain arrays checked and cut to one element
     bad = _out_of_range_number(cut)
     if bad is not None:
         where, value = bad
@@ -145,26 +198,16 @@ def _parse(data: bytes, name: str) -> dict:
         raise ReportReadError(f"{name} {found}; this dashboard reads report.json schema version {SCHEMA_VERSION} "
                               f"(profiling/schema.py): {EXPORT_AGAIN} from a checkout of this version.")
     error = schema_error(cut)
-    if error is not None:
-        raise ReportReadError(f"{name} does not match the report schema (version {SCHEMA_VERSION}) at "
-                              f"{_place(error.absolute_path)}: {_short(error.message)}. A field is missing, misnamed "
-                              f"or of the wrong type: the file was damaged or edited; {EXPORT_AGAIN}.")
-    return doc
+    where, what = (error.absolute_path, _short(error.message)) if error is not None else (problem[0], problem[1])
+    raise ReportReadError(f"{name} does not match the report schema (version {SCHEMA_VERSION}) at {_place(where)}: "
+                          f"{what if error is not None else f'it {what}'}. A field is missing, misnamed or of the "
+                          f"wrong type: the file was damaged or edited; {EXPORT_AGAIN}.")
 
 
 def _out_of_range_number(doc: object) -> tuple[str, object] | None:
     """(place, value) of a non-finite float (NaN, Infinity, 1e999) or an integer beyond 64 bits, else None."""
-    stack: list[tuple[object, tuple]] = [(doc, ())]
-    while stack:
-        value, where = stack.pop()
-        kind = type(value)
-        if (kind is float and not math.isfinite(value)) or (kind is int and not -_INT64 <= value < _INT64):
-            return _place(where), _short(repr(value))
-        if kind is dict:
-            stack.extend((v, (*where, k)) for k, v in value.items())
-        elif kind is list:
-            stack.extend((v, (*where, i)) for i, v in enumerate(value))
-    return None
+    bad = out_of_range(doc)
+    return None if bad is None else (_place(bad[0]), _short(repr(bad[1])))
 
 
 def _place(path: Iterable) -> str:
@@ -177,36 +220,37 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def _tree(t: dict) -> TreeRecord:
-    n = len(t["tokens"])
-    visibility = np.zeros((n, n), dtype=bool)
-    for i, row in enumerate(t["visible"]):
-        visibility[i, row] = True
-    return TreeRecord(tokens=list(t["tokens"]), parents=list(t["parents"]), depths=list(t["depths"]),
-                      ranks=list(t["ranks"]), scores=[-math.inf if s is None else float(s) for s in t["scores"]],
-                      visibility=visibility)
+def _tree(t: dict, mask: np.ndarray) -> TreeRecord:
+    scores = np.array(t["scores"], dtype=np.float64)  # null (padding) becomes NaN: the schema admits no other NaN
+    return TreeRecord(tokens=t["tokens"], parents=t["parents"], depths=t["depths"], ranks=t["ranks"],
+                      scores=np.where(np.isnan(scores), -np.inf, scores).tolist(), visibility=mask)
 
 
-def _step(s: dict) -> StepRecord:
+def _floats(values: list) -> list[float]:
+    return list(map(float, values))
+
+
+def _step(s: dict, mask: np.ndarray) -> StepRecord:
     probs, experts, budget = s["probs"], s.get("experts"), s.get("budget")
     return StepRecord(
-        index=s["index"], mode=s["mode"], prefix_len=s["prefix_len"], tree=_tree(s["tree"]), target=list(s["target"]),
-        logit_gap=[float(g) for g in s["logit_gap"]], path=list(s["path"]), bonus=s["bonus"],
-        committed=list(s["committed"]), timings_ns=dict(s["timings_ns"]), wall_ns=s["wall_ns"],
-        spans=[tuple(span) for span in s["spans"] or []], committed_text=s["committed_text"],
+        index=s["index"], mode=s["mode"], prefix_len=s["prefix_len"], tree=_tree(s["tree"], mask), target=s["target"],
+        logit_gap=_floats(s["logit_gap"]), path=s["path"], bonus=s["bonus"], committed=s["committed"],
+        timings_ns=dict(s["timings_ns"]), wall_ns=s["wall_ns"], spans=[tuple(span) for span in s["spans"] or []],
+        committed_text=s["committed_text"],
         probs=None if probs is None else NodeProbs(
-            target=[float(x) for x in probs["target"]], draft=[float(x) for x in probs["draft"]],
-            move_on=[float(x) for x in probs["move_on"]], expected_accepted=float(probs["expected_accepted"]),
-            draft_expected=float(probs["draft_expected"])),
+            target=_floats(probs["target"]), draft=_floats(probs["draft"]), move_on=_floats(probs["move_on"]),
+            expected_accepted=float(probs["expected_accepted"]), draft_expected=float(probs["draft_expected"])),
         experts=None if experts is None else ExpertTraffic(list(experts["touched"]), experts["bytes_per_expert"]),
         budget=None if budget is None else BudgetChoice(**budget))
 
 
-def _run(doc: dict, mode: str) -> RunRecord:
+def _run(doc: dict, mode: str, masks: list[np.ndarray]) -> RunRecord:
+    """The run of mode; masks: every step's visibility mask, in the file's order (report_checks built them)."""
     config, run = doc["config"], doc["runs"][mode]
+    steps = [_step(s, mask) for s, mask in zip(doc["steps"], masks, strict=True) if s["mode"] == mode]
     return RunRecord(mode=mode, model=config["model"], decode=config["decode"], prompt=list(config["prompt"]),
-                     first_token=run["first_token"], steps=[_step(s) for s in doc["steps"] if s["mode"] == mode],
-                     prefill_ns=run["prefill_ns"], tokens=list(run["tokens"]), logits=None, wall_ns=run["wall_ns"],
+                     first_token=run["first_token"], steps=steps, prefill_ns=run["prefill_ns"],
+                     tokens=list(run["tokens"]), logits=None, wall_ns=run["wall_ns"],
                      drafter={} if mode == "ar" else config["drafter"],  # AR drafts nothing
                      prompt_text=run["prompt_text"], text=run["text"], parallel=config.get("parallel"))
 

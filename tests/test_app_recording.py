@@ -1,18 +1,20 @@
 """A report.json opened in the dashboard (AppTest): every page shows the recording, labelled as one, from its own
 records; the controls that need the model are disabled; a bad file changes nothing; closing it brings the live
-decode back as it was."""
+decode back as it was; a file is read in the background with a progress bar, the page usable meanwhile."""
 from __future__ import annotations
 
 import json
 import random
+import threading
 
 import pytest
 from recordings import record
-from test_app import measure, metric, press, run, shown_tokens, start
+from test_app import TIMEOUT, measure, metric, press, run, shown_tokens, start
 
 from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
 from profiling.metrics import summarize_runs
+from ui.safe_text import plain
 
 PAGES = ("app_pages/decode.py", "app_pages/profile.py", "app_pages/compare.py", "app_pages/report.py")
 
@@ -28,9 +30,23 @@ def banner(at) -> str:
     return next((i.value for i in at.info if i.value.startswith("**A recording**")), "")
 
 
+def loaded(at):
+    """Wait for the background read of a report (ui/loading.py), then run the page that shows its outcome."""
+    loading = at.session_state["report_loading"]
+    if loading is not None:
+        loading.thread.join(TIMEOUT)
+        run(at)
+    return at
+
+
 def open_path(at, path) -> None:
     at.sidebar.text_input(key="report_path").set_value(str(path))
-    run(at)
+    loaded(run(at))
+
+
+def upload(at, name: str, data: bytes) -> None:
+    at.sidebar.file_uploader(key="report_upload").upload(name, data)
+    loaded(run(at))
 
 
 def test_every_page_shows_the_recording_labelled_as_one(recorded):
@@ -88,13 +104,11 @@ def test_an_uploaded_recording_opens_and_bad_files_change_nothing(recorded, tmp_
     press(at, "Step")
     for name, data in (("noise.json", bytes(random.randrange(256) for _ in range(300))),
                        ("cut.json", path.read_bytes()[: random.randrange(10, 5000)])):
-        at.sidebar.file_uploader(key="report_upload").upload(name, data)
-        run(at)
+        upload(at, name, data)
         error = at.sidebar.error[0].value
         assert error.startswith(f"{name} ") and error.endswith("Still decoding live.")
         assert not banner(at) and metric(at, "Steps") == "1", "the live decode is kept"
-    at.sidebar.file_uploader(key="report_upload").upload("good.json", path.read_bytes())
-    run(at)
+    upload(at, "good.json", path.read_bytes())
     assert not at.sidebar.error and "good.json" in banner(at)
 
     doc = json.loads(path.read_bytes())
@@ -141,3 +155,56 @@ def test_a_recording_and_the_live_measurement_it_was_written_from_show_the_same_
         assert len(shown["frames"]) == len(live[page]["frames"]), page
         for recorded_frame, live_frame in zip(shown["frames"], live[page]["frames"], strict=True):
             assert recorded_frame.equals(live_frame), (page, recorded_frame, live_frame)
+
+
+@pytest.fixture
+def slow_reader(monkeypatch):
+    """ui.recorded's readers held at a quarter of the way until the returned gate is set, so a read outlasts
+    ui.recorded.GRACE_S and goes on in the background."""
+    from ui import recorded as ui_recorded
+
+    gate = threading.Event()
+    for name in ("read_report", "read_report_file"):
+        real = getattr(ui_recorded, name)
+
+        def held(*args, real=real):
+            args[-1](0.25, "checking step 3 of 12")
+            assert gate.wait(TIMEOUT)
+            return real(*args)
+
+        monkeypatch.setattr(ui_recorded, name, held)
+    return gate
+
+
+def test_a_recording_opens_in_the_background_with_progress_and_the_page_stays_usable(recorded, slow_reader):
+    path = recorded[2]
+    at = start()
+    at.sidebar.text_input(key="report_path").set_value(str(path))
+    run(at)
+    bar = at.sidebar.get("progress")
+    assert bar and bar[0].value == 25, "the sidebar shows how far the read got"
+    assert bar[0].text.startswith(plain(f"Opening {path}: checking step 3 of 12 ("))
+    press(at, "Step")
+    assert metric(at, "Steps") == "1" and not banner(at), "the live decode steps while the file is read"
+    assert at.sidebar.get("progress"), "still reading"
+    slow_reader.set()
+    loaded(at)
+    assert path.name in banner(at) and not at.sidebar.get("progress") and not at.sidebar.error
+    run(at.switch_page("app_pages/decode.py"))
+    assert metric(at, "Steps") == "0", "the recording, not yet stepped"
+
+
+def test_an_error_in_the_background_is_the_readers_message(recorded, slow_reader, tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_bytes((recorded[2].parent / "trace.json").read_bytes())
+    at = start()
+    press(at, "Step")
+    at.sidebar.file_uploader(key="report_upload").upload("trace.json", trace.read_bytes())
+    run(at)
+    assert at.sidebar.get("progress") and not at.sidebar.error
+    slow_reader.set()
+    loaded(at)
+    error = at.sidebar.error[0].value
+    assert error.startswith(plain("trace.json is a trace.json")) and "open the report.json" in error
+    assert error.endswith("Still decoding live.") and not at.sidebar.get("progress")
+    assert not banner(at) and metric(at, "Steps") == "1", "the live decode is kept"

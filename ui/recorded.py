@@ -4,9 +4,12 @@ While one is open it is the tab's current decode (ui/current.py): the Decode pag
 (profiling.replay), the Profile, Compare and Report pages read its Measurement (runs, statistics, capture), and the
 controls that need the model are disabled with Opened.needs_model()'s sentence. The live decode stays as it was and
 is back once the recording is closed; a file that does not open leaves everything as it was, with a message saying why.
+A file is read in a background thread (ui/loading.py) with a progress bar in the sidebar, so every page stays usable
+while a large recording is checked; one read within GRACE_S opens at once.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import streamlit as st
@@ -15,10 +18,14 @@ from engine.config import DecodeConfig
 from engine.drafters import REGISTRY, DrafterSpec
 from engine.records import MODE_LABELS, TREES
 from profiling.replay import Replay
-from profiling.report_reader import RecordedVocabulary, Recording, ReportReadError, read_report, read_report_file
+from profiling.report_reader import Progress, RecordedVocabulary, Recording, read_report, read_report_file
+from ui import loading
 from ui.current import Current
 from ui.safe_text import plain
 from ui.settings import Settings
+
+GRACE_S = 1.0  # a report read this fast opens without a progress bar
+POLL_S = 0.5
 
 
 @dataclass(slots=True, kw_only=True)
@@ -55,6 +62,7 @@ def opened(recording: Recording) -> Opened:
 def init() -> None:
     st.session_state.setdefault("recording", None)
     st.session_state.setdefault("report_error", None)
+    st.session_state.setdefault("report_loading", None)
 
 
 def current() -> Opened | None:
@@ -73,27 +81,48 @@ def settings_of(recording: Recording) -> Settings:
                     config=DecodeConfig(**run.decode))  # fields added later take their defaults
 
 
-def _open(read, *args) -> None:
+def _open(read: Callable[[Progress], Recording], name: str) -> None:
+    """Read a report in a background thread (ui/loading.py); one that opens within GRACE_S opens at once."""
     ss = st.session_state
     ss.report_error = None
-    try:
-        recording = read(*args)
-    except ReportReadError as exc:
-        ss.report_error = str(exc)
-        return
-    ss.recording = opened(recording)
+    ss.report_loading = loading.start(read, name)
+    _finish_if_done(wait=GRACE_S)
+
+
+def _finish_if_done(wait: float = 0.0) -> bool:
+    """Open the loaded recording, or keep its error; True once the background read is over."""
+    ss = st.session_state
+    done = ss.report_loading.wait(wait)
+    if done is not None:
+        ss.report_loading = None
+        if isinstance(done, str):
+            ss.report_error = done
+        else:
+            ss.recording = opened(done)
+    return done is not None
 
 
 def _on_upload() -> None:
     file = st.session_state.report_upload
     if file is not None:
-        _open(read_report, file.getvalue(), file.name)
+        data, name = file.getvalue(), file.name
+        _open(lambda progress: read_report(data, name, progress), name)
 
 
 def _on_path() -> None:
     path = st.session_state.report_path.strip()
     if path:
-        _open(read_report_file, path)
+        _open(lambda progress: read_report_file(path, progress), path)
+
+
+@st.fragment(run_every=POLL_S)
+def _progress() -> None:
+    """The background read's progress bar, polled; once it is over, the whole page again (the recording, or the
+    error below)."""
+    if st.session_state.report_loading is None or _finish_if_done():
+        st.rerun(scope="app")
+    state = st.session_state.report_loading
+    st.progress(state.fraction, text=plain(f"Opening {state.name}: {state.what} ({state.seconds:.0f} s)"))
 
 
 def _close() -> None:
@@ -114,6 +143,8 @@ def sidebar() -> None:
                               "machine (a GPU server): every page shows it as it shows a live decode.")
         st.text_input("Or a report path", key="report_path", on_change=_on_path, placeholder="out/report.json",
                       help="The path of a report.json on this server.")
+        if st.session_state.report_loading is not None:  # polled only while a read runs
+            _progress()
         error = st.session_state.report_error
         if error:
             still = f"Still showing {opened.recording.name}." if opened is not None else "Still decoding live."
