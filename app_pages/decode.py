@@ -62,7 +62,7 @@ if not 0 <= st.session_state.get("inspect_step", -1) < len(steps):
 index = st.selectbox("Inspect step", range(len(steps)), key="inspect_step",
                      format_func=lambda i: f"step {i}" + (" (latest)" if i == len(steps) - 1 else ""))
 step = steps[index]
-dropped = num_dropped(steps, index, s.max_new_tokens)
+dropped = num_dropped(steps, index, s.config.max_new_tokens)
 st.markdown(views.tree_caption(step, piece, dropped))
 tree_panel.section(step, piece)
 

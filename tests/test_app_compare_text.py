@@ -10,7 +10,7 @@ import random
 import re
 
 import pytest
-from hf_dirs import write_hf_dir
+from hostile_model import HOSTILE, write_hostile_model
 from markdown_it import MarkdownIt
 from recordings import record
 from test_app import metric, press, run, start
@@ -18,21 +18,15 @@ from test_app import metric, press, run, start
 from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
 from engine.loaders.loading import load_model
-from engine.loaders.text import train_bpe
-from engine.model.fixtures import random_weights, tiny_config
 from profiling.metrics import num_dropped
 
-HOSTILE = "<script>alert(1)</script><b>bold</b> & ![x](http://127.0.0.1:9/x.png) <img src=http://127.0.0.1:9/y>"
 OUR_TAGS = {"div", "span", "b", "pre"}  # what profiling.token_diff and ui.views.text_html write
 
 
 @pytest.fixture(scope="module")
 def hostile_dir(tmp_path_factory):
     """A tiny target whose tokenizer learned HTML and markdown, prompted with them (prompts.json)."""
-    root = tmp_path_factory.mktemp("hf") / "model"
-    cfg = tiny_config()
-    write_hf_dir(root, cfg, random_weights(cfg, 0))
-    train_bpe([HOSTILE + "\n    return x\n"] * 20, vocab_size=min(cfg.vocab_size, 300)).save(root)
+    root = write_hostile_model(tmp_path_factory.mktemp("hf") / "model")
     (root / "prompts.json").write_text(json.dumps({"prompts": [{"text": HOSTILE}]}))
     return root
 

@@ -9,7 +9,7 @@ import json
 import random
 
 import pytest
-from hf_dirs import write_hf_dir
+from hostile_model import HOSTILE, write_hostile_model
 from test_exports import ExternalRefs
 
 from engine.config import DecodeConfig
@@ -17,24 +17,17 @@ from engine.decoding.request import DecodeRequest
 from engine.decoding.session import decode_runs
 from engine.drafters import DrafterSpec
 from engine.loaders.loading import load_model
-from engine.loaders.text import train_bpe
-from engine.model.fixtures import random_weights, tiny_config
 from profiling import report
 from profiling.measure import repeat_runs
 from profiling.measurement import Measurement
 from profiling.metrics import num_dropped
 from profiling.repeats import median_repeat, repeat_stats
 
-HOSTILE = "<script>alert(1)</script><b>bold</b> & ![x](http://127.0.0.1:9/x.png) <img src=http://127.0.0.1:9/y>"
-
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """A tiny target whose BPE tokenizer learned HTML and markdown: its pieces hold <, >, & and ![x](...)."""
-    root = tmp_path_factory.mktemp("hf") / "model"
-    cfg = tiny_config()
-    write_hf_dir(root, cfg, random_weights(cfg, 0))
-    train_bpe([HOSTILE + "\n    return x\n"] * 20, vocab_size=min(cfg.vocab_size, 300)).save(root)
+    root = write_hostile_model(tmp_path_factory.mktemp("hf") / "model")
     ckpt = load_model(root)
     assert any("<" in ckpt.tokenizer.piece(t) for t in ckpt.tokenizer.encode(HOSTILE))
     return ckpt
