@@ -15,16 +15,15 @@ st.caption(f"{plain(s.model)} · prompt of {len(s.prompt)} tokens · {plain(s.dr
            f"{s.config.device} {s.config.dtype}")
 
 reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], vertical_alignment="bottom")
-num_run = n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
+n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
 finished = state.done()
-acted = False
-if reset_col.button("Reset", width="stretch"):
-    state.reset()
-    acted = True
-if step_col.button("Step", type="primary", disabled=finished, width="stretch"):
-    acted = state.advance(1)
-if run_col.button("Run N", disabled=finished, width="stretch"):
-    acted = state.advance(int(num_run))
+# Reset, Step and Run N act in their callbacks, before this script runs, so a click costs one run; Run to end acts
+# here, where its progress bar can draw, then runs the page again from the new state
+reset_col.button("Reset", width="stretch", on_click=state.reset)
+step_col.button("Step", type="primary", disabled=finished, width="stretch", on_click=state.advance_before_run,
+                args=(1,))
+run_col.button("Run N", disabled=finished, width="stretch",
+               on_click=lambda: state.advance_before_run(int(st.session_state.run_n)))
 if end_col.button("Run to end", disabled=finished, width="stretch"):
     bar = st.progress(0.0, text="Decoding...")
 
@@ -33,10 +32,10 @@ if end_col.button("Run to end", disabled=finished, width="stretch"):
         bar.progress(num_tokens / s.config.max_new_tokens,
                      text=f"Step {step.index}: {num_tokens}/{s.config.max_new_tokens} tokens")
 
-    acted = state.advance(None, on_step=show)
-if acted:  # draw the page again from the new state: buttons enabled or not, the newest step selected
-    st.session_state.inspect_step = len(state.steps()) - 1
-    st.rerun()
+    if state.advance(None, on_step=show):
+        st.session_state.inspect_step = len(state.steps()) - 1
+        st.rerun()
+state.show_failure()
 
 steps = state.steps()
 tokens = state.generated(s.config.max_new_tokens)
@@ -62,7 +61,7 @@ if not 0 <= st.session_state.get("inspect_step", -1) < len(steps):
 index = st.selectbox("Inspect step", range(len(steps)), key="inspect_step",
                      format_func=lambda i: f"step {i}" + (" (latest)" if i == len(steps) - 1 else ""))
 step = steps[index]
-dropped = num_dropped(steps, index, s.max_new_tokens)
+dropped = num_dropped(steps, index, s.config.max_new_tokens)
 st.markdown(views.tree_caption(step, piece, dropped))
 tree_panel.section(step, piece)
 
