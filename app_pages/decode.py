@@ -4,6 +4,7 @@ import streamlit as st
 from profiling.metrics import num_dropped
 from ui import charts, state, tree_panel, views
 from ui.safe_text import plain
+from ui.step_cache import cached
 
 s = state.settings()
 tokenizer = state.tokenizer()
@@ -83,8 +84,10 @@ if step.budget is not None:
                "and rank by what the run realised); predicted ms: the step time measured at each budget; the "
                "chosen b has the most expected tokens per second (b = 0 backs off to AR steps, which verify the "
                "smallest tree when they probe).")
-    st.plotly_chart(charts.budget_choice(choice), width="stretch", key="budget_choice")
-    st.plotly_chart(charts.budget_confidence(steps), width="stretch", key="budget_confidence")
+    st.plotly_chart(cached("budget_choice", step, None, lambda: charts.budget_choice(choice)), width="stretch",
+                    key="budget_choice")
+    st.plotly_chart(cached("budget_confidence", steps[-1], None, lambda: charts.budget_confidence(steps)),
+                    width="stretch", key="budget_confidence")
 
 if step.probs is not None and s.config.temperature > 0:
     st.subheader("Probabilities")
@@ -95,8 +98,10 @@ if step.probs is not None and s.config.temperature > 0:
     e1.metric("Expected accepted (target)", f"{step.probs.expected_accepted:.2f}")
     e2.metric("Drafter's surrogate", f"{step.probs.draft_expected:.2f}")
     e3.metric("Accepted (realised)", step.num_accepted)
-    st.plotly_chart(charts.expected_acceptance(steps), width="stretch")
+    st.plotly_chart(cached("expected_acceptance", steps[-1], None, lambda: charts.expected_acceptance(steps)),
+                    width="stretch", key="expected_acceptance")
     fmt = st.column_config.NumberColumn(format="%.4f")
-    st.dataframe(views.node_prob_rows(step, piece), hide_index=True, width="stretch", key="node_probs",
+    st.dataframe(cached("node_probs", step, None, lambda: views.node_prob_rows(step, piece)), hide_index=True,
+                 width="stretch", key="node_probs",
                  column_config={"target p": fmt, "drafter marginal": fmt, "moves on": fmt,
                                 "accepted": st.column_config.CheckboxColumn()})
