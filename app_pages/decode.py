@@ -4,6 +4,7 @@ import streamlit as st
 from profiling.metrics import num_dropped
 from ui import charts, state, tree_panel, views
 from ui.safe_text import plain
+from ui.step_cache import cached
 
 s = state.settings()
 tokenizer = state.tokenizer()
@@ -15,16 +16,15 @@ st.caption(f"{plain(s.model)} · prompt of {len(s.prompt)} tokens · {plain(s.dr
            f"{s.config.device} {s.config.dtype}")
 
 reset_col, step_col, n_col, run_col, end_col = st.columns([1, 1, 1, 1, 1.2], vertical_alignment="bottom")
-num_run = n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
+n_col.number_input("N", min_value=1, max_value=1000, value=5, key="run_n")
 finished = state.done()
-acted = False
-if reset_col.button("Reset", width="stretch"):
-    state.reset()
-    acted = True
-if step_col.button("Step", type="primary", disabled=finished, width="stretch"):
-    acted = state.advance(1)
-if run_col.button("Run N", disabled=finished, width="stretch"):
-    acted = state.advance(int(num_run))
+# Reset, Step and Run N act in their callbacks, before this script runs, so a click costs one run; Run to end acts
+# here, where its progress bar can draw, then runs the page again from the new state
+reset_col.button("Reset", width="stretch", on_click=state.reset)
+step_col.button("Step", type="primary", disabled=finished, width="stretch", on_click=state.advance_before_run,
+                args=(1,))
+run_col.button("Run N", disabled=finished, width="stretch",
+               on_click=lambda: state.advance_before_run(int(st.session_state.run_n)))
 if end_col.button("Run to end", disabled=finished, width="stretch"):
     bar = st.progress(0.0, text="Decoding...")
 
@@ -33,10 +33,10 @@ if end_col.button("Run to end", disabled=finished, width="stretch"):
         bar.progress(num_tokens / s.config.max_new_tokens,
                      text=f"Step {step.index}: {num_tokens}/{s.config.max_new_tokens} tokens")
 
-    acted = state.advance(None, on_step=show)
-if acted:  # draw the page again from the new state: buttons enabled or not, the newest step selected
-    st.session_state.inspect_step = len(state.steps()) - 1
-    st.rerun()
+    if state.advance(None, on_step=show):
+        st.session_state.inspect_step = len(state.steps()) - 1
+        st.rerun()
+state.show_failure()
 
 steps = state.steps()
 tokens = state.generated(s.config.max_new_tokens)
@@ -84,8 +84,10 @@ if step.budget is not None:
                "and rank by what the run realised); predicted ms: the step time measured at each budget; the "
                "chosen b has the most expected tokens per second (b = 0 backs off to AR steps, which verify the "
                "smallest tree when they probe).")
-    st.plotly_chart(charts.budget_choice(choice), width="stretch", key="budget_choice")
-    st.plotly_chart(charts.budget_confidence(steps), width="stretch", key="budget_confidence")
+    st.plotly_chart(cached("budget_choice", step, None, lambda: charts.budget_choice(choice)), width="stretch",
+                    key="budget_choice")
+    st.plotly_chart(cached("budget_confidence", steps[-1], None, lambda: charts.budget_confidence(steps)),
+                    width="stretch", key="budget_confidence")
 
 if step.probs is not None and s.config.temperature > 0:
     st.subheader("Probabilities")
@@ -96,8 +98,10 @@ if step.probs is not None and s.config.temperature > 0:
     e1.metric("Expected accepted (target)", f"{step.probs.expected_accepted:.2f}")
     e2.metric("Drafter's surrogate", f"{step.probs.draft_expected:.2f}")
     e3.metric("Accepted (realised)", step.num_accepted)
-    st.plotly_chart(charts.expected_acceptance(steps), width="stretch")
+    st.plotly_chart(cached("expected_acceptance", steps[-1], None, lambda: charts.expected_acceptance(steps)),
+                    width="stretch", key="expected_acceptance")
     fmt = st.column_config.NumberColumn(format="%.4f")
-    st.dataframe(views.node_prob_rows(step, piece), hide_index=True, width="stretch", key="node_probs",
+    st.dataframe(cached("node_probs", step, None, lambda: views.node_prob_rows(step, piece)), hide_index=True,
+                 width="stretch", key="node_probs",
                  column_config={"target p": fmt, "drafter marginal": fmt, "moves on": fmt,
                                 "accepted": st.column_config.CheckboxColumn()})

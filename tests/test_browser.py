@@ -25,7 +25,8 @@ CHROMIUM = pathlib.Path("/usr/bin/chromium")
 DOCS = ROOT / "docs"
 REFRESH_DOCS = os.environ.get("DDTREE_REFRESH_DOCS") == "1"
 STARTUP_S = 120
-PAGE_UPDATE_S = 0.5  # what a step's click may cost beyond the engine's step (median)
+PAGE_UPDATE_S = 0.5  # issue 28's aim for what a step's click costs beyond the engine's step (median), printed
+MAX_PAGE_UPDATE_S = 1.2  # asserted: on a busy 2-core machine the median ran 0.4-0.75 s (1.7-2 s before the fix)
 RUN_S = 600_000  # ms Playwright waits for a rerun: the first decode in a fresh checkout builds the kernels
 
 pytestmark = pytest.mark.browser
@@ -121,6 +122,15 @@ def host(url: str) -> str:
     return parts.netloc if parts.scheme in ("http", "https", "ws", "wss") else "local"  # data:, blob:
 
 
+STEP_SHOWN = """steps => {
+    const shown = [...document.querySelectorAll('[data-testid="stMarkdownContainer"] p')].some(
+        p => p.innerText.startsWith(`Step ${steps - 1}: tree of`));
+    const metric = [...document.querySelectorAll('[data-testid="stMetric"]')].find(
+        m => m.querySelector('[data-testid="stMetricLabel"]')?.innerText.trim() === "Steps");
+    return shown && metric?.querySelector('[data-testid="stMetricValue"]').innerText.trim() === String(steps);
+}"""  # the page shows step `steps`: its tree's caption and the Steps count (checked on every frame)
+
+
 def metric(page, label: str):
     return page.locator('[data-testid="stMetric"]').filter(
         has=page.get_by_text(label, exact=True)).locator('[data-testid="stMetricValue"]')
@@ -166,9 +176,9 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
     for num_steps in (1, 2, 3, 4, 5):
         clicked = time.monotonic()
         step.click()
-        expect(page.get_by_text(re.compile(rf"^Step {num_steps - 1}: tree of \d+ nodes"))).to_be_visible()
-        expect(metric(page, "Steps")).to_have_text(str(num_steps))
+        page.wait_for_function(STEP_SHOWN, arg=num_steps, polling="raf", timeout=RUN_S)  # each frame, no back-off
         shown_s = time.monotonic() - clicked
+        expect(page.get_by_text(re.compile(rf"^Step {num_steps - 1}: tree of \d+ nodes"))).to_be_visible()
         step_ms = float(metric(page, "Step time").inner_text().removesuffix(" ms"))
         if num_steps > 1:  # the first click also loads the model and prefills
             beyond_engine_s.append(shown_s - step_ms / 1e3)
@@ -176,9 +186,9 @@ def test_step_in_the_browser_then_download_the_report(page, server, shots, reque
         trees.append(tree_data(page))
     assert trees[0] != trees[2], "the tree figure follows the newest step"
     median = sorted(beyond_engine_s)[len(beyond_engine_s) // 2]
-    # printed, not yet asserted: issue 28 asks for PAGE_UPDATE_S, and the page does not meet it yet
     print(f"page update beyond the engine's step: median {median:.3f} s of {[round(s, 3) for s in beyond_engine_s]} "
           f"(aim: under {PAGE_UPDATE_S} s)")
+    assert median < MAX_PAGE_UPDATE_S, f"a click costs {median:.3f} s beyond the engine's step: {beyond_engine_s}"
     expect(page.get_by_text(re.compile(r"^Step 4: tree of \d+ nodes"))).to_be_visible()
     chips = page.locator('[data-testid="stHtml"] span[title^="id "]')
     tokens = [int(chips.nth(i).get_attribute("title").split()[1]) for i in range(chips.count())]

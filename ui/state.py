@@ -105,19 +105,45 @@ def done() -> bool:
     return decoder is not None and decoder.done
 
 
-def advance(num_steps: int | None, on_step: Callable[[StepRecord], None] | None = None) -> int:
-    """Run up to num_steps more steps (None: until done); returns how many ran. The first call prefills."""
+FAILED = "decode_failure"  # an engine error a button's callback met: the page's run that follows shows it
+
+
+def _run_steps(num_steps: int | None, on_step: Callable[[StepRecord], None] | None) -> int:
     shown = current()
     if shown.decoder is None:
-        shown.decoder = _engine(shown.start)
+        shown.decoder = shown.start()
     decoder = shown.decoder
     num_run = 0
     while not decoder.done and (num_steps is None or num_run < num_steps):
-        record = _engine(decoder.step)
+        record = decoder.step()
         num_run += 1
         if on_step is not None:
             on_step(record)
     return num_run
+
+
+def advance(num_steps: int | None, on_step: Callable[[StepRecord], None] | None = None) -> int:
+    """Run up to num_steps more steps (None: until done); returns how many ran. The first call prefills."""
+    return _engine(_run_steps, num_steps, on_step)
+
+
+def advance_before_run(num_steps: int | None) -> None:
+    """advance() as a button's on_click callback: it runs before the page's script, so one run draws the new state
+    (no second run after the click); the newest step is selected, and an engine error waits in FAILED for
+    show_failure()."""
+    try:
+        _run_steps(num_steps, None)
+    except Exception as exc:  # noqa: BLE001 - every engine error becomes a message, never a raw exception
+        st.session_state[FAILED] = exc
+    st.session_state.inspect_step = len(steps()) - 1
+
+
+def show_failure() -> None:
+    """Show the engine error a callback met (if any) and stop the page there."""
+    exc = st.session_state.pop(FAILED, None)
+    if exc is not None:
+        show_error(exc)
+        st.stop()
 
 
 def tau() -> float | None:

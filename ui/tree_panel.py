@@ -12,6 +12,7 @@ from engine.records import StepRecord
 from profiling.figures import MAX_LABELLED_NODES, mask_figure, node_kind, real_nodes
 from profiling.tree_view import icicle_figure, ladder, ladder_figure, ladder_nodes, spine
 from ui import views
+from ui.step_cache import cached
 
 FOCUS = "tree_focus"
 FOCUS_OF = "tree_focus_of"  # the step the focus was chosen in: a new step starts at its last accepted node
@@ -52,14 +53,14 @@ def section(step: StepRecord, piece: Callable[[int], str] | None) -> None:
         _set_focus(step.path[-1])
     focus = st.selectbox("Focus node", options, key=FOCUS, format_func=lambda n: focus_label(step, n, piece),
                          help="The views below follow it: click a box of the ladder or a row of the table to move it")
-    boxes = ladder(step, focus)
+    boxes = cached("ladder_boxes", step, focus, lambda: ladder(step, focus))
     with st.container(key="tree"):
-        st.plotly_chart(ladder_figure(step, focus, piece), width="stretch", config=PLOTLY_CONFIG, key="ladder",
-                        on_select=_on_ladder_click, selection_mode="points")
+        st.plotly_chart(cached("ladder", step, focus, lambda: ladder_figure(step, focus, piece)), width="stretch",
+                        config=PLOTLY_CONFIG, key="ladder", on_select=_on_ladder_click, selection_mode="points")
     st.caption("The ladder: one row per depth along the accepted path (or the path to a focus off it), its node "
                "first, then its siblings by draft rank; each box shows the token piece, node id, draft rank and "
                "cumulative log-prob, and +n counts the nodes folded below it. Click a box to focus on it.")
-    rows = views.path_rows(step, piece, spine(step, focus))
+    rows = cached("path_rows", step, focus, lambda: views.path_rows(step, piece, spine(step, focus)))
     table_key = f"path_nodes_{focus}"  # a fresh table (no stale selection) for each focus
     st.dataframe(rows, hide_index=True, width="stretch", key=table_key, on_select=_on_table_pick(table_key, rows),
                  selection_mode="single-row", column_config={
@@ -69,10 +70,12 @@ def section(step: StepRecord, piece: Callable[[int], str] | None) -> None:
                "select a row to focus on it.")
     overview_col, mask_col = st.columns(2)
     with overview_col.container(key="tree_overview"):
-        st.plotly_chart(icicle_figure(step, focus, piece), width="stretch", config=PLOTLY_CONFIG)
+        st.plotly_chart(cached("icicle", step, focus, lambda: icicle_figure(step, focus, piece)), width="stretch",
+                        config=PLOTLY_CONFIG, key="icicle_chart")
     with mask_col.container(key="mask"):
         whole = step.tree.num_nodes <= MAX_LABELLED_NODES or st.toggle(
             f"The whole {step.tree.num_nodes} x {step.tree.num_nodes} mask", key="whole_mask",
             help="Else the mask over the nodes the ladder shows, where one node's row is readable")
-        st.plotly_chart(mask_figure(step, focus, None if whole else ladder_nodes(boxes)), width="stretch",
-                        config=PLOTLY_CONFIG)
+        mask = cached("mask", step, (focus, whole),
+                      lambda: mask_figure(step, focus, None if whole else ladder_nodes(boxes)))
+        st.plotly_chart(mask, width="stretch", config=PLOTLY_CONFIG, key="mask_chart")
