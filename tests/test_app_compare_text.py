@@ -13,7 +13,7 @@ import pytest
 from hostile_model import HOSTILE, write_hostile_model
 from markdown_it import MarkdownIt
 from recordings import record
-from test_app import metric, press, run, start
+from test_app import measure, metric, press, run, start
 
 from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
@@ -122,7 +122,8 @@ def test_the_report_page_says_how_many_repeats_it_measured_in_this_tab():
     assert not any("Profile page's repeat statistics" in c for c in captions), "a tab that never opened Profile"
 
     at.session_state["profile_repeats"] = 2
-    run(run(at.switch_page("app_pages/profile.py")).switch_page("app_pages/report.py"))
+    measure(run(at.switch_page("app_pages/profile.py")))
+    run(at.switch_page("app_pages/report.py"))
     captions = [c.value for c in at.caption]
     assert any("measured in this tab: 2 repeat(s)" in c and "medians with their spread" in c for c in captions)
 
