@@ -119,7 +119,9 @@ def test_bench_decode_quick_cpu(decode_run):
     assert rows[0]["stage_share"]["drafter"] == 0, "AR has no drafter"
     exact = [r for r in rows if r["noise"] == 0.0]
     assert all(r["tau_eager"] == plan["block_size"] for r in exact)  # the exact oracle is accepted in full
-    learned = [r for r in rows if r["drafter"] == "dflash"]
+    # every step of the learned drafter's fixed rows drafts and commits to it; the auto row's profiled steps may all
+    # be a back-off's draft-free AR steps, which leave the drafter alone
+    learned = [r for r in rows if r["drafter"] == "dflash" and r["budget"] != "auto"]
     assert all(r["stage_share"]["draft"] > 0 and r["stage_share"]["draft_update"] > 0 for r in learned)
     layout = data["dflash"]
     assert layout["num_hidden_layers"] == plan["dflash_layers"] and layout["block_size"] == plan["dflash_block_size"]
