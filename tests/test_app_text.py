@@ -17,6 +17,7 @@ from engine.decoding.session import decode
 from engine.loaders.dflash_checkpoint import dflash_dir_beside
 from engine.loaders.loading import load_model
 from engine.loaders.shipped import MODELS_DIR, bundled_models
+from ui.safe_text import plain
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,7 @@ def test_example_prompts_token_ids_and_an_empty_text(pair):
     at.sidebar.text_input(key="prompt_text").set_value(" ".join(map(str, ids)))
     run(at)
     assert at.session_state["live"].settings.prompt == tuple(ids)
-    assert any(repr(ckpt.tokenizer.decode(ids)) in c.value for c in at.sidebar.caption)
+    shown = plain(f"As text: {ckpt.tokenizer.decode(ids)!r}")  # markdown's characters escaped, as the page does
+    assert any(shown in c.value for c in at.sidebar.caption), [c.value for c in at.sidebar.caption]
     press(at, "Step")
     assert metric(at, "Steps") == "1"
