@@ -58,8 +58,8 @@ from benchmarks.common import (
     time_calls,
     write_results,
 )
-from benchmarks.decode_steps import Plan, measure_decoder
-from engine.config import DecodeConfig, ModelConfig
+from benchmarks.decode_steps import Plan, choice_cost_us, measure_decoder
+from engine.config import DecodeConfig, ModelConfig, buckets_up_to
 from engine.decoding.auto_budget import MAX_BACKOFF, AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, Decoder
 from engine.drafters.oracle import OracleDrafter
@@ -210,9 +210,9 @@ def add_speedups(rows: list[dict]) -> None:
             row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar.get(f"{mode}_tokens_per_s"))
 
 
-def auto_against_best(rows: list[dict]) -> list[dict]:
+def auto_against_best(rows: list[dict], choice_us: float) -> list[dict]:
     """Per drafter: the auto budget's tokens/s over the best of AR and every fixed budget (graph where it ran), the
-    budgets its timed steps verified and the median host read of its choice."""
+    budgets its timed steps verified and the device time of its choice (choice_cost_us)."""
     out = []
     for series in sorted({(r["drafter"], r["noise"]) for r in rows if r.get("budget") == "auto"}, key=str):
         same = [r for r in rows if "error" not in r and (r["drafter"], r["noise"]) == series]
@@ -230,7 +230,7 @@ def auto_against_best(rows: list[dict]) -> list[dict]:
                     "auto_over_best": ratio(auto and auto.get(f"{mode}_tokens_per_s"), best[f"{mode}_tokens_per_s"]),
                     "num_steps": (auto or {}).get(mode, {}).get("num_steps"),
                     "chosen": " ".join(f"{b}:{n}" for b, n in policy.get("counts", {}).items()),
-                    "choice_read_us": policy["choice_read_ms"] * 1e3 if policy.get("choice_read_ms") else None})
+                    "choice_us": choice_us})
     return out
 
 
@@ -287,7 +287,7 @@ AUTO_COLUMNS = [
     Column("ar_first", "AR tok/s (first row)", "{:.0f}"), Column("ar_beside", "AR tok/s (beside)", "{:.0f}"),
     Column("best_fixed", "best of AR and fixed B"), Column("auto_over_best", "auto / best", "{:.3f}"),
     Column("num_steps", "timed steps", "{}"), Column("chosen", "budgets verified (B:steps; 0 = AR, no draft)"),
-    Column("choice_read_us", "choice read us", "{:.1f}"),
+    Column("choice_us", "choice us (device)", "{:.1f}"),
 ]
 LAYER_COLUMNS = [
     Column("tokens", "tokens", "{}"), Column("touched", "experts touched", "{}"),
@@ -373,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{results['prefill_ms'] or 0:.1f} ms, median of {len(prefills)}), block size {plan.block_size}, "
              f"{plan.num_steps} timed steps per decoder, experts counted over {num_counted} more")
     columns = STEP_COLUMNS if shard is None else PARALLEL_STEP_COLUMNS
-    auto = auto_against_best(rows)
+    auto = auto_against_best(rows, choice_cost_us(device, len(buckets_up_to(max(plan.budgets)))))
     results["auto"] = auto
     tables = {"setup": setup, "steps": markdown_table(rows, columns), "speedup vs budget": speedup_chart(rows),
               "auto budget": markdown_table(auto, AUTO_COLUMNS), "experts": markdown_table(rows, EXPERT_COLUMNS)}

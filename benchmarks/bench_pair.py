@@ -32,7 +32,8 @@ from benchmarks.common import (
     text_table,
     write_results,
 )
-from engine.config import DecodeConfig
+from benchmarks.decode_steps import choice_cost_us
+from engine.config import DecodeConfig, buckets_up_to
 from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.session import make_decoder, with_text
 from engine.drafters import DrafterSpec
@@ -45,14 +46,16 @@ from engine.training.generate import distinct_ngram_rate
 from profiling.divergence import NEAR_TIE, classify
 from profiling.metrics import first_divergence, per_position_acceptance, tau
 
-BUDGETS = (16, 64, 256)
+BUDGETS = (16, 32, 64, 128, 256)
 
 
 def timed_decode(dec, num_steps: int, max_new_tokens: int) -> tuple[float, list[int]]:
-    """ms for the decoder's first num_steps steps through its device path (an auto-budget decoder: until it has
-    max_new_tokens, since its choices, and so its step count, follow the measured costs), and its tokens. Graph
-    captures are left out: the first step's, and an auto-budget decoder's later ones (each part's graph is
-    captured the first time it runs)."""
+    """ms of the decoder's steps through its device path, and every token they committed (the last step's past
+    max_new_tokens too, for every row alike). A fixed-budget decoder takes num_steps steps (its recorded run's); an
+    auto-budget one steps until it has committed max_new_tokens (its choices, and so its step count, follow the
+    measured costs), reading each step's count once that step is done and waiting only near the end. Graph
+    captures are left out: the first step's, and an auto-budget decoder's later ones (each part's graph is captured
+    the first time it runs)."""
     cuda = dec.model.device.type == "cuda"
     auto = isinstance(dec, AutoBudgetDecoder)
     if cuda:
@@ -65,13 +68,21 @@ def timed_decode(dec, num_steps: int, max_new_tokens: int) -> tuple[float, list[
         dec.capture_graph()  # records the step without running it: its time is left out
         start += time.perf_counter() - captured
     steps = 1
-    while (int(dec.num_generated) < max_new_tokens) if auto else steps < num_steps:
+    while not done(dec, max_new_tokens) if auto else steps < num_steps:
         dec.advance()
         steps += 1
     if cuda:
         torch.cuda.synchronize()
     ms = (time.perf_counter() - start - (dec.capture_s if auto else 0.0)) * 1e3
     return ms, dec.generated[: int(dec.num_generated)].tolist()
+
+
+def done(dec: AutoBudgetDecoder, max_new_tokens: int) -> bool:
+    """Whether an auto-budget decode has committed max_new_tokens: from the counts it has read while they cannot
+    reach it, then (the last step or two of a decode) after waiting for the steps in flight."""
+    if dec.num_generated_at_most >= max_new_tokens:
+        dec.settle_timing()
+    return dec.num_seen_generated >= max_new_tokens
 
 
 def timed_near_tie(ar: RunRecord, tokens: list[int]) -> bool:
@@ -87,7 +98,7 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
     failure unless profiling.divergence rates it a numerics near tie (`near_ties`), and the timed device path
     must commit what the recorded run committed (an auto budget's: AR's tokens up to a near tie)."""
     auto = mode == "ddtree" and cfg.auto_budget
-    taus, positions, totals, matches, runs, texts, reads = [], [], [0.0, 0], 0, [], [], []
+    taus, positions, totals, matches, runs, texts = [], [], [0.0, 0], 0, [], []
     near_ties = real = 0
     for i, prompt in enumerate(prompts):
         dec = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[])
@@ -95,15 +106,13 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
         timed = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[],
                              cuda_graph=cfg.device == "cuda")
         ms, tokens = timed_decode(timed, run.num_steps, cfg.max_new_tokens)
-        reads += getattr(timed, "choice_s", [])
-        tokens = tokens[: cfg.max_new_tokens]
         divergence = first_divergence(ar_runs[i], run) if ar_runs else None
         matches += divergence is None
         near_ties += divergence is not None and divergence["kind"] == NEAR_TIE
         real += (divergence is not None and divergence["kind"] != NEAR_TIE) or (
-            tokens != run.tokens and not (auto and timed_near_tie(ar_runs[i], tokens)))
+            tokens[: cfg.max_new_tokens] != run.tokens and not (auto and timed_near_tie(ar_runs[i], tokens)))
         totals[0] += ms + run.prefill_ns / 1e6
-        totals[1] += len(run.tokens)
+        totals[1] += len(tokens)
         runs.append(run)
         if mode != "ar":
             taus.append(tau(run))
@@ -116,7 +125,6 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
             "tau": float(np.mean(taus)) if taus else 1.0,
             "per_position_acceptance": np.mean(positions, axis=0).tolist() if positions else [],
             "tokens_per_s": totals[1] / (totals[0] / 1e3),
-            "choice_read_us": float(np.median(reads)) * 1e6 if reads else None,
             "exact": f"{matches}/{len(prompts)}" + (f" ({near_ties} near tie{'s' * (near_ties > 1)})" if near_ties
                                                    else ""),
             "near_ties": near_ties, "real_divergences": real, "runs": runs, "example": texts[0]}
@@ -170,8 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = max(fixed, key=lambda r: r["tokens_per_s"])
     verdict = (f"auto ({auto['budget']}): {ratio(auto['tokens_per_s'], best['tokens_per_s']):.3f}x the best fixed "
                f"budget's tokens/s (B = {best['budget']}), {ratio(auto['tokens_per_s'], rows[1]['tokens_per_s']):.3f}x "
-               f"the chain's; budgets chosen (B:steps) {auto['chosen']}; each choice's host read (the draft's end "
-               f"to the verify's launch) {auto['choice_read_us'] or 0:.1f} us, median")
+               f"the chain's; budgets chosen (B:steps) {auto['chosen']}; the choice is made on the device, "
+               f"{choice_cost_us(device, len(buckets_up_to(budgets[-1]))):.1f} us of device time a drafted step")
     distinct = distinct_ngram_rate(torch.tensor([run.tokens for run in ar["runs"]]), 4)
     setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "
              f"{training['final_val_loss']:.3f} nats/token at training) + {drafter_dir.name} (block {block}); "

@@ -13,8 +13,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import guarded
+from engine.decoding.budget import choose
 from engine.decoding.decoder import Decoder
 from engine.timers import StepTimer
+from kernels.graph_switch import graph_switch, side_stream
 
 CHUNK = 16  # steps timed between two reads of the committed count, past num_steps
 
@@ -133,19 +135,49 @@ def graph_steps(dec: Decoder, plan: Plan, min_tokens: int) -> dict:
 
 
 def budget_policy(dec: Decoder, before: dict | None = None) -> dict | None:
-    """An auto-budget decoder's steps per verified budget (0: an AR step without a draft) and its choices' host
-    reads (ms from the draft's end to the verify's launch), since `before` (an earlier call's result)."""
+    """An auto-budget decoder's steps per verified budget (0: an AR step without a draft) since `before` (an earlier
+    call's result)."""
     counts = getattr(dec, "budget_counts", None)
     if counts is None:
         return None
     dec.settle_timing()
-    earlier = before or {"counts": {}, "num_reads": 0}
-    out = {"counts": {b: n - earlier["counts"].get(b, 0) for b, n in sorted(counts.items())},
-           "num_reads": len(dec.choice_s)}
-    reads = dec.choice_s[earlier["num_reads"]:]
-    out["counts"] = {b: n for b, n in out["counts"].items() if n}
-    out["choice_read_ms"] = float(np.median(reads)) * 1e3 if reads else None
-    return out
+    earlier = (before or {}).get("total", {})
+    return {"counts": {b: n - earlier.get(b, 0) for b, n in sorted(counts.items()) if n - earlier.get(b, 0)},
+            "total": dict(counts)}
+
+
+def choice_cost_us(device: torch.device, num_buckets: int, num_reps: int = 200) -> float:
+    """Device time one auto-budget choice adds to a drafted step, in us: on CUDA, graph replays of the choice and a
+    switch over num_buckets - 1 branches against the same graph with its one small kernel run directly (per step:
+    the choice's few kernels, the switch's setting kernel and its conditional node); on the CPU, the choice's ops."""
+    expected = torch.rand(num_buckets, device=device).cumsum(0)
+    seconds = torch.rand(num_buckets, device=device) + 1.0
+    x = torch.zeros(256, device=device)
+    steps = 20  # per replay, so that the replay's own launch is spread thin
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(num_reps):
+            choose(expected, seconds)
+        return (time.perf_counter() - start) / num_reps * 1e6
+
+    stream = side_stream(device)  # made before any capture
+
+    def chosen_step(pool):
+        index, _ = choose(expected, seconds)
+        graph_switch(index % (num_buckets - 1), [lambda: x.add_(1)] * (num_buckets - 1), pool, stream)
+
+    graphs = []
+    for body in (lambda pool: x.add_(1), chosen_step):
+        graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=pool):
+            for _ in range(steps):
+                body(pool)
+        graphs.append(graph)
+    ms = []
+    for graph in graphs:
+        graph.replay()
+        ms.append(sum(time_steps(graph.replay, num_reps, device)))
+    return (ms[1] - ms[0]) / (num_reps * steps) * 1e3
 
 
 def committed(dec: Decoder) -> list[int]:

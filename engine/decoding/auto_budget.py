@@ -1,26 +1,32 @@
 """DDTree with its budget chosen every step (`--budget auto`, `auto:MAX`): the tree is built once at MAX and the
 policy of engine/decoding/budget.py picks the truncation to verify, b = 0 included.
 
-A drafted step runs in two parts: the draft (propose, tree_build at MAX, the expected accepted tokens at every
-bucket), then one small device-to-host read of those few numbers, the choice, and the verify of the chosen
-truncation (the first b + 1 nodes of the tree and the top-left block of its mask). With CUDA graphs each part is
-a captured graph: one for the draft and one per bucket for the verify, all over the same static buffers. When the
-best choice is b = 0 the drafts are not paying, so the next steps are AR steps taken without a draft, for 1, 2,
-4, ... MAX_BACKOFF steps while drafting keeps choosing 0; a drafted step that chooses b > 0 ends the back-off (that
-drafted step itself verifies the smallest tree, so the calibration keeps learning). An AR step costs what plain AR
-costs: the drafter is not told of its token then, the token's hidden states wait in a buffer, and the next drafted
-step first tells the drafter of all of them in one commit (one read of the drafter's context weights for the whole
-back-off instead of one per token). The calibration, the back-off reached and the start-up costs carry over from
-one decode to the next on the same model and drafter. Every step verifies a valid tree, so the output is AR's
-whatever is chosen.
+A drafted step is one piece of device work: the draft (propose, tree_build at MAX, the expected accepted tokens at
+every bucket), the choice (expected tokens per second against the cost table, on the device) and the verify of the
+chosen truncation (the first b + 1 nodes of the tree and the top-left block of its mask). With CUDA graphs it is
+one captured graph whose verify is a switch node over one branch per bucket (kernels/graph_switch.py), so the
+choice costs no read back to the host; eagerly, the chosen index is read and that bucket's verify runs.
+
+The host learns what each step chose when the step is done, without waiting for it: every step's chosen bucket and
+committed count are copied to pinned memory behind it, and read once its end event has passed; the host runs at
+most MAX_IN_FLIGHT steps ahead of what it has read. From what it reads it refreshes the cost table (the step's time,
+from CUDA events, for the bucket it verified), which the next drafted step reads from the device, and it backs off:
+when the best choice is b = 0 the drafts are not paying, so the next steps are AR steps taken without a draft, for
+1, 2, 4, ... MAX_BACKOFF steps while drafting keeps choosing 0; a drafted step that chooses b > 0 ends the back-off
+(a drafted step that chooses 0 still verifies the smallest tree, so the calibration keeps learning). An AR step costs
+what plain AR costs: the drafter is not told of its token then, the token's hidden states wait in a buffer, and the
+next drafted step first tells the drafter of all of them in one commit. The calibration, the back-off reached and
+the start-up costs carry over from one decode to the next on the same model and drafter. Every step verifies a
+valid tree, so the output is AR's whatever is chosen.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +34,6 @@ import torch
 
 from engine.config import DecodeConfig, buckets_up_to
 from engine.decoding.budget import (
-    Choice,
     CostTable,
     choose,
     confidence_prior,
@@ -43,11 +48,14 @@ from engine.model.target import TargetModel
 from engine.records import BudgetChoice, StepRecord
 from engine.timers import StepTimer
 from kernels import ops
+from kernels.graph_switch import graph_switch, side_stream
 
 # AR steps at most between two drafted probes: a probe costs a draft and a two-node verify (about three AR steps at
 # Kimi-K2 width), so with a drafter that never hits the probes cost about 1% of the steps at this spacing.
 MAX_BACKOFF = 256
 CALIBRATION_REPEATS = 3  # timed rounds over the buckets at start-up (after one untimed), the best of each kept
+MAX_IN_FLIGHT = 2  # steps the host may launch ahead of the last one whose choice it has read
+RING = 2 * MAX_IN_FLIGHT + 2  # pinned slots for the steps' reports and the cost table's copies: never one in use
 
 
 @dataclass(slots=True)
@@ -58,6 +66,32 @@ class DrafterTrack:
     realised: torch.Tensor  # [L + 1, RANK_CLASSES]
     predicted: torch.Tensor  # [L + 1, RANK_CLASSES]
     backoff: int = 1  # AR steps after the next drafted step that chooses b = 0
+
+
+@dataclass(slots=True)
+class DraftedStep:
+    """A drafted step's device results: the verify of every bucket b >= 1 (only the chosen one ran; outputs[i] is
+    bucket i + 1's, None where an eager step did not run it), the chosen bucket's index (0: an AR step was best) and
+    the curves it was read from."""
+
+    outputs: list[_StepTensors | None]
+    chosen: torch.Tensor  # 0-dim int64
+    expected: torch.Tensor  # [num_buckets] expected accepted drafted tokens (corrected)
+    value: torch.Tensor  # [num_buckets] (1 + expected) / cost: expected tokens per second
+
+    def verified(self, chosen: int) -> _StepTensors:
+        return self.outputs[max(chosen, 1) - 1]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A launched step the host has not read yet."""
+
+    start: object  # _mark's points: CUDA events, or host clock readings on the CPU
+    end: object
+    drafted: DraftedStep | None  # None: an AR step without a draft
+    slot: int  # its report's row in the pinned ring: (chosen bucket index, committed count)
+    as_decoded: bool  # it ran as the decode's later steps will (replayed, where graphs are on): its time is a cost
 
 
 # Start-up step costs per model and decode setting, measured once per process, and each drafter's track per model
@@ -91,15 +125,22 @@ class AutoBudgetDecoder(Decoder):
             tracks[drafter_key] = DrafterTrack(*confidence_prior(self.depth, dev))
         self.track = tracks[drafter_key]
         self._realised, self._predicted = self.track.realised, self.track.predicted
+        if cuda_graph:
+            self._side = side_stream(dev)  # before any capture: making it synchronises
+        self._cost = torch.ones(len(self.buckets), device=dev)  # the cost table as the drafted step reads it
+        pinned = dev.type == "cuda"
+        self._cost_ring = torch.zeros(RING, len(self.buckets), pin_memory=pinned)
+        self._report_ring = torch.zeros(RING, 2, dtype=torch.int64, pin_memory=pinned)
+        self._num_launched = 0
         quiet, self.timer = self.timer, StepTimer(dev, enabled=False)  # no stage ranges in the calibration
         self.costs = CostTable(self.buckets, list(self._startup_costs()))
         self.timer = quiet
         self.ar_steps_left = 0  # AR steps to take before the next drafted probe
-        self.last_choice: Choice | None = None
         self.budget_counts: Counter[int] = Counter()  # steps per verified budget (0: an AR step without a draft)
-        self.choice_s: list[float] = []  # per drafted step: the draft's end to the verify's launch (the host read)
+        self.num_seen_generated = 1  # the committed count as of the last step the host has read
         self.capture_s = 0.0  # host seconds spent capturing graphs (each part's, the first time it runs)
-        self._drafted = False  # whether the step in flight drafted
+        self.last_choice: BudgetChoice | None = None  # the last drafted step's decision, as step() recorded it
+        self._in_flight: deque[_InFlight] = deque()
         # The back-off's AR steps not yet told to the drafter: their hidden states, in order, and their number (on
         # the host, for the step's control flow, and on the device, for the drafter's commit inside graphs).
         self.num_pending = 0
@@ -111,8 +152,7 @@ class AutoBudgetDecoder(Decoder):
         self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
         self._graph_out: dict[object, object] = {}
         self._to_capture: list[object] = []
-        self._timing: tuple | None = None  # the last step's (bucket, start, end, drafted, launched): events on CUDA,
-        # seconds on the CPU; drafted and launched are None for an AR step
+        self._capture_pool: tuple[int, int] | None = None  # the memory pool of the graph being captured
 
     # -- start-up calibration --------------------------------------------------------------------
     def _startup_costs(self) -> list[float]:
@@ -160,7 +200,7 @@ class AutoBudgetDecoder(Decoder):
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
 
-    # -- the step ----------------------------------------------------------------------------------
+    # -- the step's device work --------------------------------------------------------------------
     def _draft_part(self) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
         """(the tree at MAX, the draft, the prefix length before the step, expected accepted at each bucket)."""
         prefix_len = self.cache.prefix_len.clone()
@@ -168,10 +208,26 @@ class AutoBudgetDecoder(Decoder):
             draft = self.drafter.propose(self.root, self.num_generated)
         with self.timer.range("tree_build"):
             tree = ops.tree_build(draft, self.root, self.cfg.budget)
-        _, parents, depths, ranks, scores, _ = tree
+        _, _, depths, ranks, scores, visibility = tree
         factors = log_confidence(self._realised, self._predicted)
-        expected = expected_accepted(scores, parents, depths, ranks, factors).index_select(0, self._bucket_index)
+        expected = expected_accepted(scores, visibility, depths, ranks, factors).index_select(0, self._bucket_index)
         return tuple(tree), draft, prefix_len, expected
+
+    def _drafted_part(self) -> DraftedStep:
+        """Draft, choose (on the device) and verify the chosen truncation: inside a graph capture a switch over every
+        bucket's verify, eagerly the chosen one after reading its index."""
+        tree, draft, prefix_len, expected = self._draft_part()
+        chosen, value = choose(expected, self._cost)
+        chosen = self._agreed(chosen)
+        branches = [functools.partial(self._verify_part, prefix_len, tree, draft, b) for b in self.buckets[1:]]
+        verify_index = chosen.clamp(min=1) - 1  # b = 0: the smallest tree, so the calibration keeps learning
+        if self._capture_pool is not None:
+            outputs = graph_switch(verify_index, branches, self._capture_pool, self._side)
+        else:
+            outputs = [None] * len(branches)
+            i = int(verify_index)
+            outputs[i] = branches[i]()
+        return DraftedStep(outputs, chosen, expected, value)
 
     def _verify_part(self, prefix_len: torch.Tensor, tree: tuple[torch.Tensor, ...], draft: torch.Tensor,
                      budget: int) -> _StepTensors:
@@ -179,7 +235,7 @@ class AutoBudgetDecoder(Decoder):
         tree = truncate(tree, budget)
         out = self._verify_and_commit(prefix_len, tree, draft)
         _, parents, depths, ranks, scores, _ = tree
-        learn_confidence(self._realised, self._predicted, parents, depths, ranks, scores, out.path, out.path_len)
+        learn_confidence(self._realised, self._predicted, parents, depths, ranks, scores, out.path)
         return out
 
     def _ar_part(self) -> _StepTensors:
@@ -198,10 +254,15 @@ class AutoBudgetDecoder(Decoder):
             self.drafter.commit(self._pending_path[:num_steps], self._pending_len, hidden)
         self._pending_len.zero_()
 
-    def _verify_from_graph(self, budget: int) -> _StepTensors:
-        """The verify part at budget over the captured draft's outputs (static buffers)."""
-        tree, draft, prefix_len, _ = self._graph_out["draft"]
-        return self._verify_part(prefix_len, tree, draft, budget)
+    def _agreed(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Across the ranks of a parallel model, rank 0's choice (each rank's timings differ, and the ranks must
+        verify the same tree), summed on the device; alone, the choice itself."""
+        shard = self.model.shard
+        if shard is None:
+            return chosen
+        agreed = chosen * (shard.rank == 0)
+        shard.all_reduce(agreed)
+        return agreed
 
     def _run(self, key: object, fn):
         """fn's outputs: from its captured graph where there is one, else run eagerly (and captured at the end of
@@ -209,59 +270,66 @@ class AutoBudgetDecoder(Decoder):
         if key in self._graphs:
             self._graphs[key].replay()
             return self._graph_out[key]
-        if self.cuda_graph and (key == "draft" or key == "ar" or "draft" in self._graphs):
+        if self.cuda_graph and (key in ("draft", "ar") or "draft" in self._graphs):
             self._to_capture.append((key, fn))
         return fn()
 
-    def advance(self) -> _StepTensors:
+    # -- the step's host part -----------------------------------------------------------------------
+    def advance(self) -> _StepTensors | DraftedStep:
         """One step: an AR step without a draft while backing off, else (after telling the drafter of the back-off's
-        tokens) the draft, the choice (the step's one small device-to-host read, which also finds the previous step
-        done, so its time is read without a wait) and the verify of the chosen truncation. A drafted step whose
-        best choice is 0 still verifies the smallest tree, so the calibration keeps learning, and starts the
-        back-off."""
-        self._observe_last_step()  # if the previous step is done already
-        drafted = launched = None
+        tokens) the drafted step. Nothing is read back, except what earlier steps reported that is already there,
+        and a wait when the host is MAX_IN_FLIGHT steps ahead. A drafted step returns its DraftedStep (which bucket's
+        verify ran is on the device)."""
+        self._read_reports(wait_for=len(self._in_flight) - MAX_IN_FLIGHT + 1)
+        slot = self._num_launched % RING
+        self._num_launched += 1
+        report = self._report_ring[slot]
+        key = "ar" if self.ar_steps_left > 0 else "draft"
+        as_decoded = not self.cuda_graph or key in self._graphs
         if self.ar_steps_left > 0:
-            start = self._mark()
             self.ar_steps_left -= 1
-            self._drafted, budget = False, 0
             self.num_pending += 1
-            out = self._run("ar", self._ar_part)
+            start = self._mark()
+            out = self._run(key, self._ar_part)
+            drafted = None
         else:
             if self.num_pending:
                 self._run(("catch_up", self.num_pending), functools.partial(self._catch_up_part, self.num_pending))
                 self.num_pending = 0
+            self._cost_ring[slot] = torch.tensor(self.costs.predicted())
+            self._cost.copy_(self._cost_ring[slot], non_blocking=True)
             start = self._mark()
-            self._drafted = True
-            tree, draft, prefix_len, expected = self._run("draft", self._draft_part)
-            drafted = self._mark()
-            choice = self._agreed(choose(expected.tolist(), self.costs))
-            self._observe_last_step()
-            self.last_choice = choice
-            track = self.track
-            if choice.budget == 0:
-                self.ar_steps_left, track.backoff = track.backoff, min(2 * track.backoff, MAX_BACKOFF)
-                budget = self.buckets[1]
-            else:
-                track.backoff, budget = 1, choice.budget
-            launched = self._mark()
-            out = self._run(("verify", budget), functools.partial(self._verify_part, prefix_len, tree, draft, budget))
-        self.budget_counts[budget if self._drafted else 0] += 1
-        self._timing = (budget if self._drafted else 0, start, self._mark(), drafted, launched)  # bucket 0: AR
+            out = drafted = self._run(key, self._drafted_part)
+            report[0].copy_(drafted.chosen, non_blocking=True)
+        report[1].copy_(self.num_generated, non_blocking=True)
+        self._in_flight.append(_InFlight(start, self._mark(), drafted, slot, as_decoded))  # end: after the copies
         if self._to_capture:
             self.capture_graph()
         return out
 
-    def _agreed(self, choice: Choice) -> Choice:
-        """Across the ranks of a parallel model, rank 0's choice (each rank's timings differ, and the ranks must
-        verify the same tree); alone, the choice itself."""
-        shard = self.model.shard
-        if shard is None:
-            return choice
-        chosen = torch.tensor([choice.budget if shard.rank == 0 else 0], device=self.model.device)
-        shard.all_reduce(chosen)
-        budget = int(chosen)
-        return Choice(budget, choice.expected, choice.cost_s, choice.value)
+    def _read_reports(self, wait_for: int = 0) -> None:
+        """Take in the reports of the launched steps that are done, oldest first, waiting for the first wait_for of
+        them: the bucket each verified, its time for the cost table, the back-off, the committed count."""
+        while self._in_flight:
+            step = self._in_flight[0]
+            if wait_for > 0:
+                _wait(step.end)
+            elif not _passed(step.end):
+                return
+            wait_for -= 1
+            self._in_flight.popleft()
+            chosen, self.num_seen_generated = (int(x) for x in self._report_ring[step.slot])
+            budget = 0 if step.drafted is None else self.buckets[max(chosen, 1)]
+            self.budget_counts[budget] += 1
+            if step.as_decoded:  # an eager step before the capture would inflate its bucket's cost
+                self.costs.observe(budget, max(_seconds(step.start, step.end), 1e-9))
+            if step.drafted is None:
+                continue
+            if chosen > 0:
+                self.track.backoff = 1
+            elif self.ar_steps_left == 0:
+                self.ar_steps_left = self.track.backoff
+                self.track.backoff = min(2 * self.track.backoff, MAX_BACKOFF)
 
     def _mark(self):
         """A point in the step's time line: a recorded CUDA event on the GPU (read later, never waited for), the
@@ -272,22 +340,15 @@ class AutoBudgetDecoder(Decoder):
         event.record()
         return event
 
-    def settle_timing(self) -> None:
-        """Wait for the step in flight and take in its time (its bucket's cost, its choice's host read)."""
-        self._sync()
-        self._observe_last_step()
+    @property
+    def num_generated_at_most(self) -> int:
+        """The committed count as far as the host knows without waiting: the last one read, plus L + 1 for every
+        step in flight. A loop that must stop at a count waits (settle_timing) once this bound reaches it."""
+        return self.num_seen_generated + len(self._in_flight) * (self.depth + 1)
 
-    def _observe_last_step(self) -> None:
-        """Refresh the running cost of the last step's bucket, once its end is known to be past."""
-        if self._timing is None:
-            return
-        budget, start, end, drafted, launched = self._timing
-        if isinstance(end, torch.cuda.Event) and not end.query():
-            return
-        self.costs.observe(budget, max(_seconds(start, end), 1e-9))
-        if drafted is not None:
-            self.choice_s.append(_seconds(drafted, launched))
-        self._timing = None
+    def settle_timing(self) -> None:
+        """Wait for the steps in flight and take in their reports."""
+        self._read_reports(wait_for=len(self._in_flight))
 
     @property
     def graph_captured(self) -> bool:
@@ -295,22 +356,23 @@ class AutoBudgetDecoder(Decoder):
 
     def capture_graph(self) -> None:
         """Capture the parts that ran eagerly in this step (advance calls it; the base class's call after the first
-        step finds nothing left to capture). With the draft's graph come the AR step's and every bucket's verify
-        (over the draft graph's outputs; the start-up calibration ran each shape), so that no later step runs a
-        part eagerly the first time it chooses it; a catch-up's graph is captured after its first, eager run."""
+        step finds nothing left to capture). With the drafted step's graph (its verify a switch over every bucket;
+        the start-up calibration ran each shape) comes the AR step's, so that no later step runs a part eagerly the
+        first time it chooses it; a catch-up's graph is captured after its first, eager run."""
         if self._to_capture and self._to_capture[0][0] == "draft" and "draft" not in self._graphs:
-            self._to_capture = self._to_capture[:1]  # this step's verify read the eager draft's tensors
-            self._to_capture.append(("ar", self._ar_part))
-            self._to_capture += [(("verify", b), functools.partial(self._verify_from_graph, b))
-                                 for b in self.buckets[1:]]
+            self._to_capture = self._to_capture[:1] + [("ar", self._ar_part)]
         self._sync()  # the work in flight is the decode's: only the capture itself is counted in capture_s
         begun = time.perf_counter()
         timer, self.timer = self.timer, StepTimer(self.model.device, enabled=False)
         for key, fn in self._to_capture:
             if key not in self._graphs:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    self._graph_out[key] = fn()
+                self._capture_pool = torch.cuda.graph_pool_handle()
+                try:
+                    with torch.cuda.graph(graph, pool=self._capture_pool):
+                        self._graph_out[key] = fn()
+                finally:
+                    self._capture_pool = None
                 self._graphs[key] = graph
         self._to_capture.clear()
         self.timer = timer
@@ -319,13 +381,34 @@ class AutoBudgetDecoder(Decoder):
 
     def step(self) -> StepRecord:
         record = super().step()
-        choice = self.last_choice
-        if choice is not None:
-            factors = log_confidence(self._realised, self._predicted).exp().tolist()
-            record.budget = BudgetChoice(chosen=choice.budget if self._drafted else 0, drafted=self._drafted,
-                                         buckets=list(self.buckets), expected=list(choice.expected),
-                                         cost_s=list(choice.cost_s), value=list(choice.value), confidence=factors)
+        self.settle_timing()
         return record
+
+    def _record(self, st: _StepTensors | DraftedStep) -> StepRecord:
+        """The step's record; a drafted step's from the verify that ran, with its decision, an AR step's with the
+        last drafted step's curves."""
+        if not isinstance(st, DraftedStep):
+            record = super()._record(st)
+            if self.last_choice is not None:
+                record.budget = dataclasses.replace(self.last_choice, chosen=0, drafted=False)
+            return record
+        chosen = int(st.chosen)
+        record = super()._record(st.verified(chosen))
+        factors = log_confidence(self._realised, self._predicted).exp().tolist()
+        record.budget = self.last_choice = BudgetChoice(
+            chosen=self.buckets[chosen], drafted=True, buckets=list(self.buckets), expected=st.expected.tolist(),
+            cost_s=self._cost.tolist(), value=st.value.tolist(), confidence=factors)
+        return record
+
+
+def _passed(end) -> bool:
+    """Whether one of _mark's points is past (a host clock reading always is)."""
+    return not isinstance(end, torch.cuda.Event) or end.query()
+
+
+def _wait(end) -> None:
+    if isinstance(end, torch.cuda.Event):
+        end.synchronize()
 
 
 def _seconds(start, end) -> float:

@@ -23,28 +23,22 @@ PRIOR_TRIALS = 1.0  # pseudo-trials of ratio 1 behind each confidence factor bef
 RANK_CLASSES = 2  # confidence is corrected apart for the drafter's top token at a depth (rank 0) and the others
 
 
-def path_sums(values: torch.Tensor, parents: torch.Tensor, num_depths: int) -> torch.Tensor:
-    """[N] -> [N]: each node's value plus its ancestors' (parents[0] = -1), by pointer jumping: log2(depth) rounds
-    of vector ops, no host sync, no loop over nodes."""
-    total, ancestor = values.clone(), parents.clone()
-    for _ in range(max(num_depths, 1).bit_length()):
-        has = ancestor >= 0
-        safe = ancestor.clamp(min=0)
-        total = total + torch.where(has, total[safe], torch.zeros_like(total))
-        ancestor = torch.where(has, ancestor[safe], ancestor)
-    return total
+def path_sums(values: torch.Tensor, visibility: torch.Tensor) -> torch.Tensor:
+    """[N] -> [N]: each node's value plus its ancestors', as the tree's visibility mask (node i sees itself and its
+    ancestors) times the values: one small matrix-vector product, no host sync, no loop over nodes."""
+    return torch.mv(visibility.to(values.dtype), values)
 
 
-def expected_accepted(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, ranks: torch.Tensor,
+def expected_accepted(scores: torch.Tensor, visibility: torch.Tensor, depths: torch.Tensor, ranks: torch.Tensor,
                       log_factors: torch.Tensor) -> torch.Tensor:
     """[B + 1] -> [B + 1]: entry b is the expected number of accepted drafted tokens when the first b + 1 nodes are
     verified. A node's path is accepted with probability exp(score) (the drafter's marginals along it), corrected by
-    log_factors [L + 1, RANK_CLASSES] for every node of the path at its depth and rank class, capped at 1. The root
-    (node 0) is never counted. On the device, no host sync."""
+    log_factors [L + 1, RANK_CLASSES] (row 0, the root's, all 0: log_confidence's) for every node of the path at its
+    depth and rank class, capped at 1. The root (node 0, probability 1) is not counted. On the device, no host
+    sync."""
     own = log_factors[depths, (ranks > 0).long()]
-    own = torch.where(depths > 0, own, torch.zeros_like(own))
-    p = (scores + path_sums(own, parents, log_factors.shape[0] - 1)).exp().clamp(max=1.0)
-    return torch.where(depths > 0, p, torch.zeros_like(p)).cumsum(0)
+    p = (scores + path_sums(own, visibility)).exp().clamp(max=1.0)  # padding nodes: score -inf, p = 0
+    return p.cumsum(0) - 1.0
 
 
 def confidence_prior(num_depths: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,20 +55,20 @@ def log_confidence(realised: torch.Tensor, predicted: torch.Tensor) -> torch.Ten
 
 
 def learn_confidence(realised: torch.Tensor, predicted: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                     ranks: torch.Tensor, scores: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor) -> None:
+                     ranks: torch.Tensor, scores: torch.Tensor, path: torch.Tensor) -> None:
     """Add one verified tree's evidence, in place and on the device (no host sync). At each depth d the accepted
     path reached d - 1 at node v = path[d - 1]; v's children are that depth's trial per rank class: the drafter
     predicts one of them is accepted with their summed conditional probability exp(score_child - score_v), and the
-    run realises 1 for the class of the child the path took (path[d]), if any."""
-    n = parents.shape[0]
-    depth_index = (depths - 1).clamp(min=0, max=path.shape[0] - 1)
+    run realises 1 for the class of the child the path took (path[d]), if any. path is tree_accept's: the accepted
+    nodes, then -1."""
+    nodes = torch.arange(parents.shape[0], device=parents.device)
+    on_path = (nodes[:, None] == path[None, :]).any(1)  # [N] (path's -1 padding matches no node)
     parent = parents.clamp(min=0)
-    under_path = (depths > 0) & (parents >= 0) & (depth_index < path_len) & (path[depth_index] == parents)
-    taken = under_path & (depths < path_len) & (path[depths.clamp(max=path.shape[0] - 1)] == torch.arange(
-        n, device=parents.device))
+    under_path = on_path[parent] & (parents >= 0)  # the node's parent is on the path
+    taken = on_path & (depths > 0)
     cell = depths * RANK_CLASSES + (ranks > 0).long()
     conditional = (scores - scores[parent]).exp()
-    predicted.view(-1).index_add_(0, cell, torch.where(under_path, conditional, torch.zeros_like(conditional)))
+    predicted.view(-1).index_add_(0, cell, conditional * under_path)
     realised.view(-1).index_add_(0, cell, taken.to(realised.dtype))
 
 
@@ -93,19 +87,19 @@ class CostTable:
         i = self.buckets.index(budget)
         self.seconds[i] += COST_SMOOTHING * (seconds - self.seconds[i])
 
+    def predicted(self) -> list[float]:
+        """The step's seconds the policy reads at each bucket: a smaller tree costs at most what a larger one does
+        (its verify is a subset of the work), so a bucket's time is capped by every larger bucket's. A bucket whose
+        running time is high from one slow step is then not kept from being chosen again."""
+        out = list(self.seconds)
+        for i in range(len(out) - 2, -1, -1):
+            out[i] = min(out[i], out[i + 1])
+        return out
 
-@dataclass(frozen=True)
-class Choice:
-    """One step's decision: the verified budget and the curves it was read from (per bucket)."""
 
-    budget: int
-    expected: tuple[float, ...]  # expected accepted drafted tokens at each bucket (corrected)
-    cost_s: tuple[float, ...]  # predicted step seconds at each bucket
-    value: tuple[float, ...]  # (1 + expected) / cost: tokens per second at each bucket
-
-
-def choose(expected_at_buckets: list[float], table: CostTable) -> Choice:
-    """The bucket with the most expected tokens per second; ties go to the smaller budget."""
-    value = [(1.0 + e) / s for e, s in zip(expected_at_buckets, table.seconds, strict=True)]
-    best = max(range(len(value)), key=lambda i: (value[i], -i))
-    return Choice(table.buckets[best], tuple(expected_at_buckets), tuple(table.seconds), tuple(value))
+def choose(expected_at_buckets: torch.Tensor, seconds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the index of the bucket with the most expected tokens per second as a 0-dim int64, and those tokens per
+    second (1 + expected) / seconds at every bucket), on the tensors' device with no host sync. Ties go to the
+    smaller budget (argmax takes the first maximum)."""
+    value = (1.0 + expected_at_buckets) / seconds
+    return value.argmax(), value

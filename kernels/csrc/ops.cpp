@@ -17,6 +17,11 @@ TORCH_LIBRARY(ddtree, m) {
       "tree_accept(Tensor tokens, Tensor parents, Tensor target, int max_depth) -> (Tensor path, Tensor path_len, "
       "Tensor bonus)");
   m.def("kv_compact(Tensor(a!) ckv, Tensor(b!) kpe, Tensor prefix_len, Tensor path) -> ()");
+  // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
+  m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
+  m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");
+  m.def("graph_branch_end(Tensor index, int switch_id) -> ()");
+  m.def("graph_switch_end(Tensor index, int switch_id) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ddtree, CPU, m) {

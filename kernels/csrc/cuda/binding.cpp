@@ -5,6 +5,7 @@
 // caching allocator, dispatches float32 / bfloat16 and turns a failed launch into an error naming the op.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -15,13 +16,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
+#include <vector>
 
 #include "../checks.h"
 #include "../tree_outputs.h"
+#include "graph_switch.cuh"
 #include "kv_compact.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
@@ -267,6 +273,135 @@ void kv_compact(const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& 
   check_launch(KvCompact(args, c10::cuda::getCurrentCUDAStream()), op);
 }
 
+
+// -- graph switches: capture helpers for kernels/graph_switch.py (design: graph_switch.cuh) --------------------
+//
+// A switch node's branches are captured one after the other on a side stream, each into its body graph
+// (cudaStreamBeginCaptureToGraph). While a branch is captured, the caching allocator serves that capture from the
+// parent graph's pool, as it serves the parent capture before and after: the tensors a branch allocates live as
+// long as the graph does.
+
+struct GraphSwitch {
+  std::vector<cudaGraph_t> branches;
+  unsigned long long parent_capture;  // the capture the switch node is in
+  c10::cuda::MempoolId_t pool;        // the parent graph's pool
+  c10::DeviceIndex device;
+};
+
+std::mutex graph_switches_mutex;
+std::unordered_map<int64_t, GraphSwitch> graph_switches;
+int64_t next_graph_switch = 0;
+
+struct CaptureInfo {
+  cudaStreamCaptureStatus status{};
+  unsigned long long id = 0;
+  cudaGraph_t graph = nullptr;
+  const cudaGraphNode_t* dependencies = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t num_dependencies = 0;
+};
+
+CaptureInfo capture_info(cudaStream_t stream) {
+  CaptureInfo info;
+  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &info.status, &info.id, &info.graph, &info.dependencies,
+                                          &info.edges, &info.num_dependencies));
+  return info;
+}
+
+// Routes the pool's allocations to the capture `capture_id` (and no other), keeping the pool's use count as it was
+// (beginAllocateToPool counts one more use of the pool; the parent capture already holds one).
+void allocate_to_capture(const GraphSwitch& sw, unsigned long long capture_id) {
+  namespace alloc = c10::cuda::CUDACachingAllocator;
+  alloc::endAllocateToPool(sw.device, sw.pool);
+  alloc::beginAllocateToPool(sw.device, sw.pool, [capture_id](cudaStream_t stream) {
+    cudaStreamCaptureStatus status{};
+    unsigned long long id = 0;
+    C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &id));
+    return status == cudaStreamCaptureStatusActive && id == capture_id;
+  });
+  alloc::releasePool(sw.device, sw.pool);
+}
+
+void check_switch_index(const at::Tensor& index, const char* op) {
+  check_on_cuda(index, op, "index");
+  TORCH_CHECK(index.dim() == 0 && index.scalar_type() == at::kLong, op, ": index must be a 0-dim int64 tensor, got ",
+              index.sizes(), " ", index.scalar_type());
+}
+
+GraphSwitch& find_switch(int64_t switch_id, const char* op) {
+  const auto it = graph_switches.find(switch_id);
+  TORCH_CHECK(it != graph_switches.end(), op, ": no open graph switch ", switch_id);
+  return it->second;
+}
+
+int64_t graph_switch_begin(const at::Tensor& index, int64_t num_branches, int64_t pool_first, int64_t pool_second) {
+  constexpr const char* op = "graph_switch_begin";
+  check_switch_index(index, op);
+  TORCH_CHECK(num_branches >= 1 && num_branches <= 1024, op, ": num_branches = ", num_branches,
+              " must be in [1, 1024]");
+  const c10::cuda::CUDAGuard guard(index.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  CaptureInfo info = capture_info(stream);
+  TORCH_CHECK(info.status == cudaStreamCaptureStatusActive, op,
+              ": the current stream is not capturing; add a switch inside torch.cuda.graph(...)");
+  cudaGraphConditionalHandle handle{};
+  C10_CUDA_CHECK(cudaGraphConditionalHandleCreate(&handle, info.graph, 0, 0));
+  check_launch(SetGraphSwitch(handle, index.const_data_ptr<int64_t>(), num_branches, stream), op);
+  info = capture_info(stream);  // the kernel just captured is now what the switch node follows
+
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = handle;
+  params.conditional.type = cudaGraphCondTypeSwitch;
+  params.conditional.size = static_cast<unsigned>(num_branches);
+  cudaGraphNode_t node{};
+  C10_CUDA_CHECK(cudaGraphAddNode(&node, info.graph, info.dependencies, info.edges, info.num_dependencies, &params));
+  C10_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+
+  const std::lock_guard<std::mutex> lock(graph_switches_mutex);
+  const int64_t id = next_graph_switch++;
+  graph_switches[id] = GraphSwitch{
+      std::vector<cudaGraph_t>(params.conditional.phGraph_out, params.conditional.phGraph_out + num_branches),
+      info.id, {static_cast<c10::CaptureId_t>(pool_first), static_cast<c10::CaptureId_t>(pool_second)},
+      index.get_device()};
+  return id;
+}
+
+void graph_branch_begin(const at::Tensor& index, int64_t switch_id, int64_t branch) {
+  constexpr const char* op = "graph_branch_begin";
+  check_switch_index(index, op);
+  const c10::cuda::CUDAGuard guard(index.device());
+  const std::lock_guard<std::mutex> lock(graph_switches_mutex);
+  const GraphSwitch& sw = find_switch(switch_id, op);
+  TORCH_CHECK(branch >= 0 && branch < static_cast<int64_t>(sw.branches.size()), op, ": branch ", branch,
+              " is not one of the switch's ", sw.branches.size());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  TORCH_CHECK(capture_info(stream).status == cudaStreamCaptureStatusNone, op,
+              ": capture a branch on a side stream that is not capturing (with torch.cuda.stream(side))");
+  C10_CUDA_CHECK(cudaStreamBeginCaptureToGraph(stream, sw.branches[branch], nullptr, nullptr, 0,
+                                               cudaStreamCaptureModeGlobal));
+  allocate_to_capture(sw, capture_info(stream).id);
+}
+
+void graph_branch_end(const at::Tensor& index, int64_t switch_id) {
+  constexpr const char* op = "graph_branch_end";
+  check_switch_index(index, op);
+  const c10::cuda::CUDAGuard guard(index.device());
+  const std::lock_guard<std::mutex> lock(graph_switches_mutex);
+  const GraphSwitch& sw = find_switch(switch_id, op);
+  cudaGraph_t body = nullptr;
+  C10_CUDA_CHECK(cudaStreamEndCapture(c10::cuda::getCurrentCUDAStream(), &body));
+  allocate_to_capture(sw, sw.parent_capture);
+}
+
+void graph_switch_end(const at::Tensor& index, int64_t switch_id) {
+  constexpr const char* op = "graph_switch_end";
+  check_switch_index(index, op);
+  const std::lock_guard<std::mutex> lock(graph_switches_mutex);
+  find_switch(switch_id, op);
+  graph_switches.erase(switch_id);
+}
+
 }  // namespace
 }  // namespace ddtree::cuda
 
@@ -275,4 +410,8 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("verify_attn", &ddtree::cuda::verify_attn);
   m.impl("tree_accept", &ddtree::cuda::tree_accept);
   m.impl("kv_compact", &ddtree::cuda::kv_compact);
+  m.impl("graph_switch_begin", &ddtree::cuda::graph_switch_begin);
+  m.impl("graph_branch_begin", &ddtree::cuda::graph_branch_begin);
+  m.impl("graph_branch_end", &ddtree::cuda::graph_branch_end);
+  m.impl("graph_switch_end", &ddtree::cuda::graph_switch_end);
 }
