@@ -50,6 +50,34 @@ def test_hostile_prompts_files_are_refused(model_dir, tmp_path, content, message
     assert str(root / "prompts.json") in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json"])
+def test_an_oversized_or_unreadable_json_file_is_named(model_dir, tmp_path, monkeypatch, name):
+    """The config (Hugging Face loader) and the tokenizer (tokenizer loader) read through one bounded reader: a file
+    past the size limit, and one that cannot be read, are each refused with the file's path and what was wrong."""
+    import engine.loaders.hf_layout as hf_layout
+    import engine.loaders.tokenizer_file as tokenizer_file
+    root = copy_of(model_dir, tmp_path)
+    size = (root / name).stat().st_size
+    for module in (hf_layout, tokenizer_file):
+        monkeypatch.setattr(module, "MAX_JSON_BYTES", size - 1)
+    with pytest.raises(ValueError, match=f"is larger than {size - 1} bytes, too large for a") as err:
+        load_model(root)
+    assert str(root / name) in str(err.value)
+    monkeypatch.undo()
+    real_open = open
+
+    def failing_open(path, *args, **kwargs):  # a read error of the disk (as root, permissions do not stop a read)
+        if Path(path).name == name:
+            raise OSError(5, "Input/output error")
+        return real_open(path, *args, **kwargs)
+
+    from engine.loaders import strict_json
+    monkeypatch.setattr(strict_json, "open", failing_open, raising=False)
+    with pytest.raises(ValueError, match=r"cannot be read \(Input/output error\)") as err:
+        load_model(root)
+    assert str(root / name) in str(err.value)
+
+
 @pytest.mark.parametrize("target", ["outside", "/dev/zero"])
 def test_prompts_and_tokenizer_links_out_of_the_directory_are_refused(model_dir, tmp_path, target):
     root = copy_of(model_dir, tmp_path)

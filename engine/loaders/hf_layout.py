@@ -57,14 +57,7 @@ def read_json(root: Path, name: str) -> object:
     """The parsed JSON file root/name (a config or an index)."""
     path = resolve_inside(root, name, "the JSON file")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
-    except OSError as exc:
-        raise HFLoadError(f"{path}: cannot read: {exc}") from exc
-    if len(raw) > MAX_JSON_BYTES:
-        raise HFLoadError(f"{path}: larger than {MAX_JSON_BYTES} bytes, too large for a config or an index")
-    try:
-        return strict_json.loads(raw)
+        return strict_json.read_file(path, MAX_JSON_BYTES, "a config or an index")
     except strict_json.StrictJSONError as exc:
         raise HFLoadError(f"{path} {exc}") from exc
 

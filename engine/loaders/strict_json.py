@@ -6,6 +6,7 @@ integer of too many digits; here every one of those is a StrictJSONError whose m
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 
@@ -36,3 +37,17 @@ def loads(raw: bytes) -> Any:
         raise StrictJSONError("is nested too deeply to be a config, an index or a header") from None
     except ValueError as exc:  # JSONDecodeError, or an integer with more digits than Python converts
         raise StrictJSONError(f"is not valid JSON ({exc})") from None
+
+
+def read_file(path: Path, limit: int, what: str) -> Any:
+    """The JSON document in the file at path, which may hold at most `limit` bytes (`what` names what the file is, for
+    the message: "a config or an index"). Every problem is a StrictJSONError whose message is a predicate, as loads'
+    are: "cannot be read (...)", "is larger than N bytes, too large for <what>"."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        raise StrictJSONError(f"cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > limit:
+        raise StrictJSONError(f"is larger than {limit} bytes, too large for {what}")
+    return loads(raw)

@@ -48,14 +48,7 @@ def read_tokenizer_json(path: str | Path) -> tuple[Path, dict]:
     docstring says; every problem is a TokenizerError naming the file and the field."""
     file = _locate(Path(path))
     try:
-        with open(file, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
-    except OSError as exc:
-        raise TokenizerError(f"{file}: cannot read ({exc.strerror or exc})") from exc
-    if len(raw) > MAX_JSON_BYTES:
-        raise TokenizerError(f"{file}: larger than {MAX_JSON_BYTES} bytes, too large for a tokenizer.json")
-    try:
-        data = strict_json.loads(raw)
+        data = strict_json.read_file(file, MAX_JSON_BYTES, "a tokenizer.json")
     except strict_json.StrictJSONError as exc:
         raise TokenizerError(f"{file} {exc}; re-create it with train_bpe or copy an intact one") from exc
     if not isinstance(data, dict):
