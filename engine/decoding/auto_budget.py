@@ -26,7 +26,7 @@ import functools
 import json
 import time
 import weakref
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,6 +42,7 @@ from engine.decoding.budget import (
     log_confidence,
 )
 from engine.decoding.decoder import DecodeError, Decoder, _StepTensors
+from engine.decoding.in_flight import InFlight
 from engine.decoding.trees import root_tree
 from engine.drafters import Drafter
 from engine.model.target import TargetModel
@@ -55,7 +56,6 @@ from kernels.graph_switch import graph_switch, side_stream
 MAX_BACKOFF = 256
 CALIBRATION_REPEATS = 3  # timed rounds over the buckets at start-up (after one untimed), the best of each kept
 MAX_IN_FLIGHT = 2  # steps the host may launch ahead of the last one whose choice it has read
-RING = 2 * MAX_IN_FLIGHT + 2  # pinned slots for the steps' reports and the cost table's copies: never one in use
 
 
 @dataclass(slots=True)
@@ -81,17 +81,6 @@ class DraftedStep:
 
     def verified(self, chosen: int) -> _StepTensors:
         return self.outputs[max(chosen, 1) - 1]
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """A launched step the host has not read yet."""
-
-    start: object  # _mark's points: CUDA events, or host clock readings on the CPU
-    end: object
-    drafted: DraftedStep | None  # None: an AR step without a draft
-    slot: int  # its report's row in the pinned ring: (chosen bucket index, committed count)
-    as_decoded: bool  # it ran as the decode's later steps will (replayed, where graphs are on): its time is a cost
 
 
 # Start-up step costs per model and decode setting, measured once per process, and each drafter's track per model
@@ -128,10 +117,7 @@ class AutoBudgetDecoder(Decoder):
         if cuda_graph:
             self._side = side_stream(dev)  # before any capture: making it synchronises
         self._cost = torch.ones(len(self.buckets), device=dev)  # the cost table as the drafted step reads it
-        pinned = dev.type == "cuda"
-        self._cost_ring = torch.zeros(RING, len(self.buckets), pin_memory=pinned)
-        self._report_ring = torch.zeros(RING, 2, dtype=torch.int64, pin_memory=pinned)
-        self._num_launched = 0
+        self._in_flight = InFlight(dev, MAX_IN_FLIGHT, len(self.buckets))
         quiet, self.timer = self.timer, StepTimer(dev, enabled=False)  # no stage ranges in the calibration
         self.costs = CostTable(self.buckets, list(self._startup_costs()))
         self.timer = quiet
@@ -140,7 +126,6 @@ class AutoBudgetDecoder(Decoder):
         self.num_seen_generated = 1  # the committed count as of the last step the host has read
         self.capture_s = 0.0  # host seconds spent capturing graphs (each part's, the first time it runs)
         self.last_choice: BudgetChoice | None = None  # the last drafted step's decision, as step() recorded it
-        self._in_flight: deque[_InFlight] = deque()
         # The back-off's AR steps not yet told to the drafter: their hidden states, in order, and their number (on
         # the host, for the step's control flow, and on the device, for the drafter's commit inside graphs).
         self.num_pending = 0
@@ -281,64 +266,43 @@ class AutoBudgetDecoder(Decoder):
         and a wait when the host is MAX_IN_FLIGHT steps ahead. A drafted step returns its DraftedStep (which bucket's
         verify ran is on the device)."""
         self._read_reports(wait_for=len(self._in_flight) - MAX_IN_FLIGHT + 1)
-        slot = self._num_launched % RING
-        self._num_launched += 1
-        report = self._report_ring[slot]
         key = "ar" if self.ar_steps_left > 0 else "draft"
         as_decoded = not self.cuda_graph or key in self._graphs
+        chosen = None
         if self.ar_steps_left > 0:
             self.ar_steps_left -= 1
             self.num_pending += 1
-            start = self._mark()
+            start = self._in_flight.start()
             out = self._run(key, self._ar_part)
-            drafted = None
         else:
             if self.num_pending:
                 self._run(("catch_up", self.num_pending), functools.partial(self._catch_up_part, self.num_pending))
                 self.num_pending = 0
-            self._cost_ring[slot] = torch.tensor(self.costs.predicted())
-            self._cost.copy_(self._cost_ring[slot], non_blocking=True)
-            start = self._mark()
-            out = drafted = self._run(key, self._drafted_part)
-            report[0].copy_(drafted.chosen, non_blocking=True)
-        report[1].copy_(self.num_generated, non_blocking=True)
-        self._in_flight.append(_InFlight(start, self._mark(), drafted, slot, as_decoded))  # end: after the copies
+            self._in_flight.send_costs(self.costs.predicted(), self._cost)
+            start = self._in_flight.start()
+            out = self._run(key, self._drafted_part)
+            chosen = out.chosen
+        self._in_flight.finish(start, chosen, self.num_generated, as_decoded)
         if self._to_capture:
             self.capture_graph()
         return out
 
     def _read_reports(self, wait_for: int = 0) -> None:
-        """Take in the reports of the launched steps that are done, oldest first, waiting for the first wait_for of
-        them: the bucket each verified, its time for the cost table, the back-off, the committed count."""
-        while self._in_flight:
-            step = self._in_flight[0]
-            if wait_for > 0:
-                _wait(step.end)
-            elif not _passed(step.end):
-                return
-            wait_for -= 1
-            self._in_flight.popleft()
-            chosen, self.num_seen_generated = (int(x) for x in self._report_ring[step.slot])
-            budget = 0 if step.drafted is None else self.buckets[max(chosen, 1)]
+        """Take in the reports of the launched steps that are done, waiting for the first wait_for of them: the
+        bucket each verified, its time for the cost table, the back-off, the committed count."""
+        for report in self._in_flight.read(wait_for):
+            self.num_seen_generated = report.num_generated
+            budget = self.buckets[max(report.chosen, 1)] if report.drafted else 0
             self.budget_counts[budget] += 1
-            if step.as_decoded:  # an eager step before the capture would inflate its bucket's cost
-                self.costs.observe(budget, max(_seconds(step.start, step.end), 1e-9))
-            if step.drafted is None:
+            if report.as_decoded:  # an eager step before the capture would inflate its bucket's cost
+                self.costs.observe(budget, report.seconds)
+            if not report.drafted:
                 continue
-            if chosen > 0:
+            if report.chosen > 0:
                 self.track.backoff = 1
             elif self.ar_steps_left == 0:
                 self.ar_steps_left = self.track.backoff
                 self.track.backoff = min(2 * self.track.backoff, MAX_BACKOFF)
-
-    def _mark(self):
-        """A point in the step's time line: a recorded CUDA event on the GPU (read later, never waited for), the
-        host clock on the CPU."""
-        if self.model.device.type != "cuda":
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
 
     @property
     def num_generated_at_most(self) -> int:
@@ -400,19 +364,3 @@ class AutoBudgetDecoder(Decoder):
             cost_s=self._cost.tolist(), value=st.value.tolist(), confidence=factors)
         return record
 
-
-def _passed(end) -> bool:
-    """Whether one of _mark's points is past (a host clock reading always is)."""
-    return not isinstance(end, torch.cuda.Event) or end.query()
-
-
-def _wait(end) -> None:
-    if isinstance(end, torch.cuda.Event):
-        end.synchronize()
-
-
-def _seconds(start, end) -> float:
-    """Seconds between two of _mark's points (CUDA events, both past; or host clock readings)."""
-    if isinstance(end, torch.cuda.Event):
-        return start.elapsed_time(end) / 1e3
-    return end - start
