@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from engine.loaders.dflash_config import DFlashConfig
 from engine.loaders.dflash_tensors import LAYER_TENSORS
-from engine.model.dflash_layers import context_features, draft_layer, keys_values
+from engine.model.dflash_layers import context_features, draft_layer, fused_layer, keys_values
 from engine.model.layers import rms_norm
 from engine.model.rope import cos_sin
 
@@ -33,11 +33,11 @@ class DFlashWeights:
     fc: torch.Tensor  # [d, len(target_layer_ids) * d]
     hidden_norm: torch.Tensor  # [d]
     norm: torch.Tensor  # [d]
-    layers: tuple[dict[str, torch.Tensor], ...]  # per draft layer: LAYER_TENSORS names -> tensor
+    layers: tuple[dict[str, torch.Tensor], ...]  # per draft layer: its tensors as fused_layer makes them
 
     @classmethod
     def from_tensors(cls, cfg: DFlashConfig, tensors: dict[str, torch.Tensor]) -> DFlashWeights:
-        layers = tuple({name: tensors[f"layers.{i}.{name}"] for name, _ in LAYER_TENSORS}
+        layers = tuple(fused_layer({name: tensors[f"layers.{i}.{name}"] for name, _ in LAYER_TENSORS})
                        for i in range(cfg.num_hidden_layers))
         return cls(tensors["fc.weight"], tensors["hidden_norm.weight"], tensors["norm.weight"], layers)
 

@@ -5,6 +5,9 @@ both run, so the two cannot drift apart.
 Shapes: a batch of B sequences; the block rows x [B, N, d] at their positions (cos, sin [B, N, D/2]); the
 context's keys and values [B, S, Hkv, D] (k_norm and RoPE applied); mask [B, N, S + N]: which context rows and
 which block rows each block row sees.
+
+A layer's tensors come as fused_layer makes them: q, k and v stacked into one projection, gate and up into another
+(the engine once at load, the trainer on every forward through autograd), so each is one matmul.
 """
 from __future__ import annotations
 
@@ -12,7 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.loaders.dflash_config import DFlashConfig
-from engine.model.layers import apply_rope, rms_norm, swiglu
+from engine.model.layers import apply_rope, fused_rows, rms_norm, swiglu
+
+QKV = "self_attn.qkv_proj.weight"  # [(Hq + 2 Hkv) D, d]: q_proj, k_proj, v_proj
+GATE_UP = "mlp.gate_up_proj.weight"  # [2 I, d]: gate_proj, up_proj
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -22,14 +28,36 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
                       False).view(shape)
 
 
+def fused_layer(layer: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A layer's tensors by their checkpoint names (engine/loaders/dflash_tensors.py) -> the ones the functions here
+    read: q/k/v as QKV, gate/up as GATE_UP, the rest as they are."""
+    parts = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "mlp.gate_proj.weight",
+             "mlp.up_proj.weight")
+    out = {name: t for name, t in layer.items() if name not in parts}
+    out[QKV] = fused_rows(*(layer[name] for name in parts[:3]))
+    out[GATE_UP] = fused_rows(*(layer[name] for name in parts[3:]))
+    return out
+
+
+def _kv_rows(cfg: DFlashConfig) -> int:
+    """Where QKV's k and v rows start (after the q rows)."""
+    return cfg.num_attention_heads * cfg.head_dim
+
+
+def _keys_values_of(cfg: DFlashConfig, layer: dict[str, torch.Tensor], kv: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k | v projections [..., n, 2 Hkv D] -> keys (k_norm, then RoPE) and values [..., n, Hkv, D]."""
+    shape = (*kv.shape[:-1], cfg.num_key_value_heads, cfg.head_dim)
+    k, v = kv.chunk(2, dim=-1)
+    k = rms_norm(k.reshape(shape), layer["self_attn.k_norm.weight"], cfg.rms_norm_eps)
+    return _rope(k, cos, sin), v.reshape(shape)
+
+
 def keys_values(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., n, d] -> keys (k_norm, then RoPE) and values [..., n, Hkv, D]: the same projections serve the
-    context features and the block."""
-    shape = (*x.shape[:-1], cfg.num_key_value_heads, cfg.head_dim)
-    k = rms_norm(F.linear(x, layer["self_attn.k_proj.weight"]).view(shape), layer["self_attn.k_norm.weight"],
-                 cfg.rms_norm_eps)
-    return _rope(k, cos, sin), F.linear(x, layer["self_attn.v_proj.weight"]).view(shape)
+    context features and the block (QKV's k and v rows: a contiguous slice, no copy)."""
+    return _keys_values_of(cfg, layer, F.linear(x, layer[QKV][_kv_rows(cfg):]), cos, sin)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -54,14 +82,15 @@ def draft_layer(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tens
     context joined with the block's own; attention as the mask allows; o_proj; RMSNorm; SwiGLU; residuals."""
     b, n = x.shape[:2]
     h = rms_norm(x, layer["input_layernorm.weight"], cfg.rms_norm_eps)
-    q = F.linear(h, layer["self_attn.q_proj.weight"]).view(b, n, cfg.num_attention_heads, cfg.head_dim)
+    q, kv = F.linear(h, layer[QKV]).split([_kv_rows(cfg), 2 * cfg.num_key_value_heads * cfg.head_dim], dim=-1)
+    q = q.reshape(b, n, cfg.num_attention_heads, cfg.head_dim)
     q = _rope(rms_norm(q, layer["self_attn.q_norm.weight"], cfg.rms_norm_eps), cos, sin)
-    k_block, v_block = keys_values(cfg, layer, h, cos, sin)
+    k_block, v_block = _keys_values_of(cfg, layer, kv, cos, sin)
     attn = grouped_attention(q, torch.cat([ctx_keys, k_block], 1), torch.cat([ctx_values, v_block], 1), mask,
                              cfg.head_dim ** -0.5)
     x = x + F.linear(attn, layer["self_attn.o_proj.weight"])
     h = rms_norm(x, layer["post_attention_layernorm.weight"], cfg.rms_norm_eps)
-    return x + swiglu(h, layer["mlp.gate_proj.weight"], layer["mlp.up_proj.weight"], layer["mlp.down_proj.weight"])
+    return x + swiglu(h, layer[GATE_UP], layer["mlp.down_proj.weight"])
 
 
 def context_features(cfg: DFlashConfig, fc: torch.Tensor, hidden_norm: torch.Tensor,

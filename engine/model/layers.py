@@ -11,8 +11,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate x) * up x) with gate_up the gate and up projections stacked [2I, d] (fused_rows): one matmul
+    for both."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
+def fused_rows(*weights: torch.Tensor) -> torch.Tensor:
+    """Projections of the same input stacked along their output rows, so that one matmul computes them all: done
+    once when weights load (a trainer's parameters: on every forward, through autograd)."""
+    return torch.cat(weights, dim=0)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:

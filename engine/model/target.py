@@ -18,7 +18,7 @@ import kernels
 from engine.config import LATENT_NORM_EPS, ModelConfig
 from engine.loaders.checkpoint import Checkpoint
 from engine.model.cache import LatentCache
-from engine.model.layers import apply_rope, rms_norm, rowwise, swiglu
+from engine.model.layers import apply_rope, fused_rows, rms_norm, rowwise, swiglu
 from engine.model.moe import (
     ExpertLoad,
     Experts,
@@ -44,10 +44,12 @@ _NULL_TIMER = StepTimer(enabled=False)
 
 @dataclass(slots=True)
 class _Attention:
-    q_a: torch.Tensor | None  # [q_lora, hidden] (None without a q low-rank path)
+    # what the normed x feeds: q_a_proj [q_lora, hidden] (without a q low-rank path, the rank's q_proj rows) and
+    # kv_a_proj_with_mqa [R + P, hidden], stacked at load (fused_rows) so one matmul computes both
+    x_proj: torch.Tensor  # [q_rows + R + P, hidden]
+    q_rows: int
     q_a_norm: torch.Tensor | None
-    q_b: torch.Tensor  # [H * (nope + rope), q_lora or hidden]
-    kv_a: torch.Tensor  # [R + P, hidden]
+    q_b: torch.Tensor | None  # [H * (nope + rope), q_lora] (None without a q low-rank path)
     kv_a_norm: torch.Tensor  # [R]
     w_uk: torch.Tensor  # [H, nope, R]
     w_uv: torch.Tensor  # [H, v, R]
@@ -136,11 +138,13 @@ class TargetModel:
         share = grouped.narrow(dim, part.start, part.stop - part.start)
         return share.reshape(*shape[:dim], -1, *shape[dim + 1:]).contiguous()
 
-    def _mlp(self, w: dict[str, torch.Tensor], prefix: str, width: int) -> tuple[torch.Tensor, ...]:
-        """gate, up, down of a SwiGLU MLP: with a shard, the rank's columns of its intermediate width."""
+    def _mlp(self, w: dict[str, torch.Tensor], prefix: str, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """gate_up (the gate and up projections stacked) and down of a SwiGLU MLP: with a shard, the rank's columns
+        of its intermediate width."""
         part = self.shard.part(width, f"{prefix}'s intermediate width") if self.shard else None
-        return (self._split(w[f"{prefix}.gate_proj.weight"], 0, part), self._split(w[f"{prefix}.up_proj.weight"], 0,
-                part), self._split(w[f"{prefix}.down_proj.weight"], 1, part))
+        gate_up = fused_rows(self._split(w.pop(f"{prefix}.gate_proj.weight"), 0, part),
+                             self._split(w.pop(f"{prefix}.up_proj.weight"), 0, part))
+        return gate_up, self._split(w[f"{prefix}.down_proj.weight"], 1, part)
 
     def _layer(self, w: dict[str, torch.Tensor], experts: dict[int, Experts], i: int) -> dict:
         cfg, p = self.cfg, f"model.layers.{i}"
@@ -148,12 +152,12 @@ class TargetModel:
         kv_b = self._split(w[f"{p}.self_attn.kv_b_proj.weight"], 0, self.heads, h).view(-1, nope + v,
                                                                                           cfg.kv_lora_rank)
         lowrank_q = cfg.q_lora_rank is not None
+        q_in = (w.pop(f"{p}.self_attn.q_a_proj.weight") if lowrank_q
+                else self._split(w.pop(f"{p}.self_attn.q_proj.weight"), 0, self.heads, h))
         attn = _Attention(
-            q_a=w[f"{p}.self_attn.q_a_proj.weight"] if lowrank_q else None,
+            x_proj=fused_rows(q_in, w.pop(f"{p}.self_attn.kv_a_proj_with_mqa.weight")), q_rows=q_in.shape[0],
             q_a_norm=w[f"{p}.self_attn.q_a_layernorm.weight"] if lowrank_q else None,
-            q_b=self._split(w[f"{p}.self_attn.q_b_proj.weight" if lowrank_q else f"{p}.self_attn.q_proj.weight"], 0,
-                            self.heads, h),
-            kv_a=w[f"{p}.self_attn.kv_a_proj_with_mqa.weight"],
+            q_b=self._split(w[f"{p}.self_attn.q_b_proj.weight"], 0, self.heads, h) if lowrank_q else None,
             kv_a_norm=w[f"{p}.self_attn.kv_a_layernorm.weight"],
             w_uk=kv_b[:, :nope].contiguous(), w_uv=kv_b[:, nope:].contiguous(),
             o_proj=self._split(w[f"{p}.self_attn.o_proj.weight"], 1, self.heads, h),
@@ -220,10 +224,10 @@ class TargetModel:
         cfg = self.cfg
         x = rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
         n, h = x.shape[0], a.w_uk.shape[0]  # this rank's heads
-        q_in = x if a.q_a is None else rms_norm(F.linear(x, a.q_a), a.q_a_norm, LATENT_NORM_EPS)
-        q = F.linear(q_in, a.q_b).view(n, h, cfg.qk_head_dim)
-        q_nope, q_pe = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
-        c_kv, k_pe = F.linear(x, a.kv_a).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        q, c_kv, k_pe = F.linear(x, a.x_proj).split([a.q_rows, cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        if a.q_b is not None:
+            q = F.linear(rms_norm(q, a.q_a_norm, LATENT_NORM_EPS), a.q_b)
+        q_nope, q_pe = q.reshape(n, h, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, a.w_uk).contiguous()
         return (q_lat, q_pe, rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),

@@ -16,7 +16,7 @@ from torch import nn
 
 from engine.loaders.dflash_config import DFlashConfig
 from engine.loaders.dflash_tensors import tensor_shapes
-from engine.model.dflash_layers import context_features, draft_layer, keys_values
+from engine.model.dflash_layers import context_features, draft_layer, fused_layer, keys_values
 from engine.model.layers import rms_norm
 from engine.model.rope import cos_sin
 
@@ -69,7 +69,8 @@ class DrafterLM(nn.Module):
         mask = torch.cat([torch.arange(t, device=dev)[None, None, :] < anchors.repeat_interleave(size, 1)[:, :, None],
                           (own_block[:, None] == own_block[None, :]).expand(b, -1, -1)], dim=-1)
         for i in range(cfg.num_hidden_layers):
-            layer = {name.removeprefix(f"layers.{i}."): p for name, p in w.items() if name.startswith(f"layers.{i}.")}
+            layer = fused_layer({name.removeprefix(f"layers.{i}."): p for name, p in w.items()
+                                 if name.startswith(f"layers.{i}.")})
             keys, values = keys_values(cfg, layer, ctx, cos[ctx_positions], sin[ctx_positions])
             x = draft_layer(cfg, layer, x, cos[positions], sin[positions], keys, values, mask)
         out = rms_norm(x.view(b, num_anchors, size, -1)[:, :, 1:], w["norm.weight"], cfg.rms_norm_eps)
