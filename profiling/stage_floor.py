@@ -23,7 +23,8 @@ VERIFY_PARTS = ("embed", "attn", "ffn", "lm_head")  # shown as "verify/<part>"
 DRAFTER_STAGES = ("draft", "draft_update")
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _PART_RANGES = {  # verify part -> regular expression of the timer ranges whose times add up to it
-    "embed": r"step/verify/embed", "attn": r"step/verify/layer\d+/attn", "ffn": r"step/verify/layer\d+/(mlp|moe)",
+    "embed": r"step/verify/embed", "attn": r"step/verify/layer(\d+|\*)/attn",
+    "ffn": r"step/verify/layer(\d+|\*)/(mlp|moe)",
     "lm_head": r"step/verify/lm_head"}
 
 
@@ -90,15 +91,19 @@ class FloorModel:
         return 0.0 if self.drafter_known else None
 
 
-def step_times_ms(step: StepRecord) -> dict[str, float]:
-    """The step's stage times in ms, and the verify's parts summed over the layers."""
-    ns = step.timings_ns
-    out = {s: ns[f"step/{s}"] / 1e6 for s in STAGES if f"step/{s}" in ns}
+def stage_times_ms(ranges_ms: dict[str, float]) -> dict[str, float]:
+    """Timer ranges (ms; "layer3" or collapsed "layer*") -> the stages' times, the verify's parts summed over the
+    layers."""
+    out = {s: ranges_ms[f"step/{s}"] for s in STAGES if f"step/{s}" in ranges_ms}
     for part, pattern in _PART_RANGES.items():
-        matched = [v for k, v in ns.items() if re.fullmatch(pattern, k)]
+        matched = [v for k, v in ranges_ms.items() if re.fullmatch(pattern, k)]
         if matched:
-            out[f"verify/{part}"] = sum(matched) / 1e6
+            out[f"verify/{part}"] = sum(matched)
     return out
+
+
+def step_times_ms(step: StepRecord) -> dict[str, float]:
+    return stage_times_ms({k: ns / 1e6 for k, ns in step.timings_ns.items()})
 
 
 def stage_order() -> list[str]:
