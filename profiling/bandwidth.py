@@ -78,3 +78,10 @@ def copy_bandwidth(device: str, dtype: str) -> Bandwidth:
     if kind not in STUDIO_COPY_BYTES:
         raise ValueError(f"copy_bandwidth: device {device!r}: expected cpu or cuda")
     return measure_copy(device, getattr(torch, dtype), STUDIO_COPY_BYTES[kind], STUDIO_REPS)
+
+
+def bandwidth_here(device: str, dtype: str) -> Bandwidth | None:
+    """copy_bandwidth on `device` when this process has one (a recording made on a GPU opened where none is: None)."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        return None
+    return copy_bandwidth(device, dtype)
