@@ -8,7 +8,19 @@ from profiling.charts import acceptance_figure, position_figure
 from profiling.expert_chart import expert_figure, expert_rows
 from profiling.metrics import kernel_table
 from profiling.repeats import LARGE_SPREAD, relative_spread
-from ui import capture_panel, charts, drafter_health, profile_jobs, profile_measure, profile_sweep, source, state, views
+from ui import (
+    capture_panel,
+    charts,
+    drafter_health,
+    profile_jobs,
+    profile_measure,
+    profile_sweep,
+    recorded,
+    source,
+    stage_floor_panel,
+    state,
+    views,
+)
 
 st.title("Profile")
 profile_jobs.collect()
@@ -62,6 +74,7 @@ else:
     st.plotly_chart(charts.kernel_bars(run), width="stretch")
     index = st.selectbox("Timeline of step", range(run.num_steps), key="timeline_step")
     st.plotly_chart(charts.step_timeline(run.steps[index]), width="stretch")
+    stage_floor_panel.section(run, MODE_LABELS[chosen], recorded.current() is not None)
 
 capture_panel.section()
 

@@ -14,14 +14,15 @@ intermediate 18432, block 8; 6 layers on k2-mini, 1 tiny one with --quick) with 
 device, reading both of k2-mini's layers. Its random weights accept about nothing (tau near 1): its rows measure
 what the drafter costs, its share of the step ("draft" + "draft_update"), not what a trained one gains; on a
 two-layer target that share is far larger than beside Kimi-K2.5's 61 layers. Each decoder is timed as
-benchmarks/decode_steps.py says: eagerly, as CUDA-graph replays, and with the stage timers on for the shares.
+benchmarks/decode_steps.py says: eagerly, as CUDA-graph replays, and with the stage timers on for the shares; a
+fresh decoder's few steps with their records on count the bytes each stage reads, so each stage's time also shows
+against its own floor at the copy bandwidth (benchmarks/stage_floors.py, profiling/stage_floor.py).
 
     python -m benchmarks.bench_decode [--device cuda|cpu] [--quick] [--out DIR]
 """
 from __future__ import annotations
 
 import functools
-import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
@@ -42,6 +43,7 @@ from benchmarks.common import (
     write_results,
 )
 from benchmarks.decode_steps import STAGES, Plan, measure_decoder
+from benchmarks.stage_floors import add_stage_floors, floor_columns, recorded_stage_bytes
 from engine.config import DecodeConfig, ModelConfig
 from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, DDTreeDecoder, Decoder
@@ -56,6 +58,7 @@ from engine.model.weights import lm_head_name, weight_shapes
 from engine.records import MODE_LABELS
 
 NOISY = 0.3  # the noisy oracle's chance to demote the true token at a position
+NUM_COUNTED = 2  # steps of a fresh decoder with its records on, for the bytes each stage reads
 
 
 def k2_mini() -> ModelConfig:
@@ -186,7 +189,10 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
 
     ar_cfg = decode_cfg(0, need + plan.block_size)
     continuation, prefill_ms = ar_continuation(ar_cfg)
-    ar = measure_decoder(lambda graph: ARDecoder(model, prompt, ar_cfg, cuda_graph=graph), plan, cuda)
+    def make_ar(graph: bool) -> Decoder:
+        return ARDecoder(model, prompt, ar_cfg, cuda_graph=graph)
+
+    ar = {**measure_decoder(make_ar, plan, cuda), **recorded_stage_bytes(make_ar, NUM_COUNTED)}
     rows = [{"mode": "AR", "budget": 0, "noise": None, "drafter": None, **ar}]
     for noise in plan.noises:
         drafter = OracleDrafter(continuation, cfg.vocab_size, plan.block_size - 1, noise=noise, seed=0,
@@ -194,11 +200,13 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
         for budget in plan.budgets:
             make = functools.partial(ddtree_decoder, model, prompt, decode_cfg(budget, plan.max_new_tokens), drafter)
             key = {"mode": "DDTree", "budget": budget, "noise": noise, "drafter": "oracle"}
-            rows.append(guarded(key, lambda key=key, make=make: {**key, **measure_decoder(make, plan, cuda)}))
+            rows.append(guarded(key, lambda key=key, make=make: {**key, **measure_decoder(make, plan, cuda),
+                                                                 **recorded_stage_bytes(make, NUM_COUNTED)}))
             if "error" not in rows[-1]:
                 print(f"  DDTree B={budget:4d} noise={noise}: eager {rows[-1]['eager_step_ms']:.3f} ms/step, "
                       f"tau {rows[-1]['tau_eager']:.2f}", flush=True)
-    layout, learned = dflash_rows(model, prompt, plan, decode_cfg, cuda)
+    layout, learned = dflash_rows(model, prompt, plan, decode_cfg, cuda,
+                                  lambda make: recorded_stage_bytes(make, NUM_COUNTED))
     rows += learned
     for row in rows:
         row["batch_invariant"] = False
@@ -213,7 +221,8 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
                       ({"mode": "DDTree", "budget": budget, "noise": 0.0, "drafter": "oracle"},
                        functools.partial(ddtree_decoder, model, prompt,
                                          decode_cfg(budget, plan.max_new_tokens, batch_invariant=True), oracle))):
-        rows.append(guarded(key, lambda key=key, make=make: {**key, **measure_decoder(make, plan, cuda)}))
+        rows.append(guarded(key, lambda key=key, make=make: {**key, **measure_decoder(make, plan, cuda),
+                                                             **recorded_stage_bytes(make, NUM_COUNTED)}))
         rows[-1]["batch_invariant"] = True
         fast = next(r for r in rows if not r["batch_invariant"] and all(r[k] == key[k] for k in key))
         for mode in ("eager", "graph"):
@@ -227,9 +236,7 @@ def run_decode(cfg: ModelConfig, plan: Plan, device: torch.device, dtype: torch.
         for mode in ("eager", "graph"):
             row[f"speedup_{mode}"] = ratio(row[f"{mode}_tokens_per_s"], ar[f"{mode}_tokens_per_s"])
             row[f"step_over_ar_{mode}"] = ratio(row[f"{mode}_step_ms"], ar[f"{mode}_step_ms"])
-    weight_bytes = sum(math.prod(s) for n, s in weight_shapes(cfg).items() if n != "model.embed_tokens.weight")
-    return {"prefill_ms": prefill_ms, "prompt_len": plan.prompt_len, "rows": rows, "dflash": layout.to_dict(),
-            "weight_bytes_per_step": weight_bytes * dtype.itemsize}
+    return {"prefill_ms": prefill_ms, "prompt_len": plan.prompt_len, "rows": rows, "dflash": layout.to_dict()}
 
 
 STEP_COLUMNS = [
@@ -246,6 +253,7 @@ SHARE_COLUMNS = [Column("mode", "mode"), Column("drafter", "drafter"), Column("b
                  Column("noise", "noise", "{:g}"),
                  Column("profiled_step_ms", "step ms (timed stages)", "{:.3f}")]
 SHARE_COLUMNS += [Column(f"share_{name}", name, "{:.1%}") for name in STAGES]
+FLOOR_COLUMNS = floor_columns(SHARE_COLUMNS[:4] + [Column("floor_ms", "step floor ms", "{:.4f}")])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -260,16 +268,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(0)
     results = {"model_name": "tiny" if args.quick else "k2-mini", "model": cfg.to_dict(), "plan": asdict(plan),
                **run_decode(cfg, plan, device, dtype)}
-    results["ar_floor_ms"] = results["weight_bytes_per_step"] / (info.ceilings.copy_tbps * 1e12) * 1e3
+    add_stage_floors(results["rows"], info.ceilings.copy_tbps * 1e12)
+    results["ar_floor_ms"] = results["rows"][0].get("floor_ms")
     rows = [{**row, **{f"share_{k}": v for k, v in row.get("stage_share", {}).items()}} for row in results["rows"]]
     setup = (f"{results['model_name']}, {info.ceilings.dtype}, prompt {plan.prompt_len} tokens (prefill "
              f"{results['prefill_ms']:.1f} ms), {plan.num_steps} timed steps per "
              f"decoder, block size {plan.block_size} for the oracle, {results['dflash']['block_size']} for the "
-             f"learned drafter ({results['dflash']['num_hidden_layers']} layers); AR step floor (weights read once at "
-             f"the copy bandwidth) {results['ar_floor_ms']:.3f} ms")
+             f"learned drafter ({results['dflash']['num_hidden_layers']} layers); AR step floor (the bytes its stages "
+             f"read at the copy bandwidth) {results['ar_floor_ms'] or 0:.3f} ms")
     tables = {"setup": setup, "steps": markdown_table(rows, STEP_COLUMNS),
-              "stage shares (eager, stage timers on)": markdown_table(rows, SHARE_COLUMNS)}
-    print(f"\n{setup}\n\n{text_table(rows, STEP_COLUMNS)}\n\n{text_table(rows, SHARE_COLUMNS)}\n")
+              "stage shares (eager, stage timers on)": markdown_table(rows, SHARE_COLUMNS),
+              "stages against their floor (stage timers on; floor: the bytes each stage reads)":
+                  markdown_table(rows, FLOOR_COLUMNS)}
+    print(f"\n{setup}\n\n{text_table(rows, STEP_COLUMNS)}\n\n{text_table(rows, SHARE_COLUMNS)}\n\n"
+          f"stages against their floor (ms; x: stage time / floor)\n{text_table(rows, FLOOR_COLUMNS)}\n")
     json_path, md_path = write_results(args.out, f"decode-{device.type}", info, results, tables)
     for row in results["rows"]:
         if row.get("graph_error"):

@@ -13,9 +13,10 @@ DFlash drafter of Kimi-K2.5-DFlash's widths, 6 layers, block 8: bench_decode.dfl
 budget, timed eagerly and as CUDA-graph replays (decode_steps.measure_decoder); "speedup vs budget" draws each
 drafter's speedup over AR against B, where the turn shows. A separate decoder per row then steps with its records
 on, for the routed experts
-each verify touched per MoE layer (StepRecord.experts) and the prefix length: a step's floor is the bytes it must
-read (every weight but the embedding, of which it reads N rows, with the routed experts counted as touched x one
-expert's bytes, plus N + prefix_len latent cache rows per layer) at the measured copy bandwidth. Uniform routing
+each verify touched per MoE layer (StepRecord.experts) and the prefix length: each stage's floor is the bytes it
+must read (profiling/stage_floor.py: the verify every weight once, the embedding's N rows, the routed experts as
+touched x one expert's bytes, N + prefix_len latent cache rows per layer; the drafter its weights, the target's
+lm_head and its context rows) at the measured copy bandwidth, and a step's floor is its stages' sum. Uniform routing
 would touch E (1 - (1 - k/E)^(B+1)) experts: the "uniform" column. The "moe layer" table times one MoE layer's
 routed experts alone at N tokens, sparse (grouped GEMM) against the dense all-experts reference, each against the
 floor of the weights it reads.
@@ -59,12 +60,14 @@ from benchmarks.common import (
     write_results,
 )
 from benchmarks.decode_steps import Plan, choice_cost_us, measure_decoder
+from benchmarks.stage_floors import add_stage_floors, floor_columns, stage_bytes
 from engine.config import DecodeConfig, ModelConfig, buckets_up_to
 from engine.decoding.auto_budget import MAX_BACKOFF, AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, Decoder
 from engine.drafters.oracle import OracleDrafter
 from engine.model.moe import dense_moe, route, sparse_moe
 from engine.model.parallel import init_from_env, is_collective
+from engine.model.read_bytes import TargetBytes
 from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
 
@@ -102,17 +105,6 @@ def layers_that_fit(budget: int, itemsize: int) -> int:
     return layers
 
 
-def step_read_bytes(cfg: ModelConfig, itemsize: int, num_nodes: int, prefix_len: float, touched: float) -> float:
-    """Bytes a verify of num_nodes must read: the weights (the embedding's num_nodes rows only, the routed experts
-    as `touched` experts summed over the layers, routers in float32) and the cache rows it attends over."""
-    expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize
-    routed = sum(math.prod(s) for n, s in weight_shapes(cfg).items() if ".mlp.experts." in n) * itemsize
-    embed = cfg.vocab_size * cfg.hidden_size * itemsize
-    rest = model_bytes(cfg, itemsize) - routed - embed + num_nodes * cfg.hidden_size * itemsize
-    cache = cfg.num_hidden_layers * (prefix_len + num_nodes) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize
-    return rest + touched * expert + cache
-
-
 def uniform_touched(cfg: ModelConfig, num_nodes: int) -> float:
     """Experts per MoE layer that num_nodes tokens touch when each picks k distinct experts uniformly."""
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
@@ -129,7 +121,7 @@ def count_experts(dec: Decoder, num_steps: int) -> dict:
     and the prefill."""
     records = [dec.step() for _ in range(num_steps)]
     touched = np.mean([r.experts.touched for r in records], axis=0)
-    return {"touched_per_layer": touched.tolist(), "touched": float(touched.sum()),
+    return {**stage_bytes(dec, records), "touched_per_layer": touched.tolist(), "touched": float(touched.sum()),
             "prefix_len": float(np.mean([r.prefix_len for r in records])), "prefill_ms": dec.prefill_ns / 1e6,
             "nodes_verified": float(np.mean([r.tree.num_nodes for r in records]))}
 
@@ -196,10 +188,11 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
 def add_expert_traffic(rows: list[dict], cfg: ModelConfig, itemsize: int) -> None:
     """Each row's uniform-routing expectation, touched experts per MoE layer and expert GB per step."""
     num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    expert = expert_bytes(cfg, itemsize)
     for row in (r for r in rows if "error" not in r):
         row["uniform_touched"] = uniform_touched(cfg, row["num_nodes"])
         row["touched_mean"] = row["touched"] / num_moe
-        row["expert_gb"] = row["touched"] * 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize / 1e9
+        row["expert_gb"] = row["touched"] * expert / 1e9
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -234,12 +227,17 @@ def auto_against_best(rows: list[dict], choice_us: float) -> list[dict]:
     return out
 
 
-def add_floors(rows: list[dict], cfg: ModelConfig, itemsize: int, copy_tbps: float) -> None:
-    """Each row's floor (ms) and its step times over it, and the speedups."""
+def expert_bytes(cfg: ModelConfig, itemsize: int) -> int:
+    """One routed expert's weight bytes."""
+    return next(la.expert for la in TargetBytes.of(cfg, itemsize).layers if la.expert)
+
+
+def add_floors(rows: list[dict], copy_tbps: float) -> None:
+    """Each row's floor per stage and of the whole step (ms: the bytes its stages read, benchmarks/stage_floors.py),
+    its step times over it, and the speedups."""
     add_speedups(rows)
+    add_stage_floors(rows, copy_tbps * 1e12)
     for row in (r for r in rows if "error" not in r):
-        row["floor_ms"] = step_read_bytes(cfg, itemsize, row["num_nodes"], row["prefix_len"], row["touched"]
-                                          ) / copy_tbps / 1e9
         for mode in ("eager", "graph"):
             row[f"{mode}_over_floor"] = ratio(row[f"{mode}_step_ms"], row["floor_ms"])
 
@@ -249,7 +247,7 @@ def layer_rows(model: TargetModel, device: torch.device, copy_tbps: float, quick
     each reads (sparse: the touched experts; dense: all of them)."""
     cfg = model.cfg
     layer = next(la for la in model.layers if la["moe"])
-    expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * model.dtype.itemsize
+    expert = expert_bytes(cfg, model.dtype.itemsize)
     gen = torch.Generator(device=device).manual_seed(1)
     budget = QUICK if quick else FULL
     rows = []
@@ -276,6 +274,8 @@ STEP_COLUMNS = [
     Column("speedup_eager", "speedup eager", "{:.2f}"), Column("speedup_graph", "speedup graph", "{:.2f}"),
     Column("tokens_match_ar", "tokens == AR"),
 ]
+FLOOR_COLUMNS = floor_columns([Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"),
+                               Column("noise", "noise", "{:g}")])
 PARALLEL_STEP_COLUMNS = [c for c in STEP_COLUMNS if "floor" not in c.key] + [Column("comm_share", "comm", "{:.1%}")]
 EXPERT_COLUMNS = [
     Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
@@ -356,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, prefills = decode_rows(model, plan, num_counted, device)
     add_expert_traffic(rows, cfg, dtype.itemsize)
     if shard is None:
-        add_floors(rows, cfg, dtype.itemsize, info.ceilings.copy_tbps)
+        add_floors(rows, info.ceilings.copy_tbps)
     else:
         add_speedups(rows)
         add_comm_share(rows)
@@ -377,10 +377,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["auto"] = auto
     tables = {"setup": setup, "steps": markdown_table(rows, columns), "speedup vs budget": speedup_chart(rows),
               "auto budget": markdown_table(auto, AUTO_COLUMNS), "experts": markdown_table(rows, EXPERT_COLUMNS)}
+    if shard is None:
+        tables["stages against their floor (stage timers on; floor: the bytes each stage reads)"] = markdown_table(
+            rows, FLOOR_COLUMNS)
     if layers:
         tables["moe layer"] = markdown_table(layers, LAYER_COLUMNS)
     print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{speedup_chart(rows)}\n\n{text_table(auto, AUTO_COLUMNS)}\n\n"
           f"{text_table(rows, EXPERT_COLUMNS)}\n")
+    if shard is None:
+        print(f"stages against their floor (ms; x: stage time / floor)\n{text_table(rows, FLOOR_COLUMNS)}\n")
     if layers:
         print(f"{text_table(layers, LAYER_COLUMNS)}\n")
     failed = num_failed(rows) + sum(bool(r.get("graph_error")) for r in rows)

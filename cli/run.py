@@ -15,6 +15,7 @@ from cli.request import request_from_args
 from engine.config import DecodeConfig
 from engine.model.parallel import init_from_env
 from engine.records import MODE_LABELS
+from profiling.bandwidth import copy_bandwidth
 from profiling.capture_view import summary_lines
 from profiling.divergence import verdict
 from profiling.measure import check_plan, measure
@@ -24,6 +25,7 @@ from profiling.progress import DecodeProgress
 from profiling.ranks import ranks_table
 from profiling.repeats import RepeatStats
 from profiling.report import check_out_dir, write_all
+from profiling.stage_floor import floor_table, run_floors
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -97,7 +99,15 @@ def console_summary(measurement: Measurement, repeats: int) -> str:
         parts.append(ranks_table(measurement.ranks))
     if measurement.capture is not None:
         parts.append("\n".join(summary_lines(measurement.runs, measurement.capture)))
+        parts.append(floors_text(measurement))
     return "\n".join(parts)
+
+
+def floors_text(measurement: Measurement) -> str:
+    """Every run's stages against their bytes floor, at the copy bandwidth measured now on the runs' device."""
+    ar = measurement.runs["ar"]
+    bandwidth = copy_bandwidth(str(ar.decode["device"]), str(ar.decode["dtype"]))
+    return floor_table(run_floors(measurement.runs, bandwidth), MODE_LABELS, bandwidth)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -258,7 +258,7 @@ def test_profile_page_tables_charts_and_sweep():
     assert table["count"].max() == dd.num_steps and "verify_attn" in " ".join(table["range"])
     # runs timeline, kernel bars, step timeline, the experts touched (the fixture has MoE layers), 3 acceptance charts
     assert len(plotly_specs(at)) == 7
-    experts = at.dataframe[2].value
+    experts = at.dataframe[3].value  # after the stages against their floor (ui/stage_floor_panel.py)
     assert list(experts["run"]) == ["AR", "DDTree"]
     for row, mode in zip(experts.to_dict("records"), ("ar", "ddtree"), strict=True):
         per_step = [sum(s.experts.touched) for s in runs[mode].steps]
@@ -281,7 +281,7 @@ def test_profile_page_tables_charts_and_sweep():
     at.text_input(key="sweep_budgets").set_value(" ".join(map(str, budgets)))
     at.number_input(key="sweep_repeats").set_value(2)
     wait_for_job(press(run(at), "Run sweep"))  # the edit reruns the page (enabling the button) before the click
-    rows = at.dataframe[3].value
+    rows = at.dataframe[4].value
     assert list(rows["budget"]) == budgets and (rows["tau"] <= DecodeConfig().block_size).all()
     assert ((rows["ms_p10"] <= rows["ms_per_token"]) & (rows["ms_per_token"] <= rows["ms_p90"])).all()
     sentence = verdict(at.session_state["live"].sweep)

@@ -17,9 +17,10 @@ from benchmarks.bench_moe import (
     layers_that_fit,
     model_bytes,
     quick_k2,
-    step_read_bytes,
     uniform_touched,
 )
+from benchmarks.stage_floors import FLOOR_STAGES
+from engine.model.read_bytes import TargetBytes
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,21 @@ def test_bench_moe_quick_cpu(moe_run):
         assert re.search(rf"{where}\s+#+\s+{r['speedup_eager']:.2f}x", chart), (where, chart)
 
 
+def test_bench_moe_prints_each_stage_against_its_floor(moe_run):
+    stdout, data, md = moe_run
+    assert "## stages against their floor" in md and "stages against their floor" in stdout
+    header = stdout.split("stages against their floor (ms; x: stage time / floor)\n")[1].splitlines()[0]
+    assert "verify floor ms" in header and "v.ffn x" in header and "draft floor ms" in header
+    for r in data["rows"]:
+        stages = [s for s in FLOOR_STAGES if "/" not in s and f"floor_ms_{s}" in r]
+        assert r["floor_ms"] == pytest.approx(sum(r[f"floor_ms_{s}"] for s in stages))
+        assert r["floor_ms_verify"] == pytest.approx(sum(r[f"floor_ms_verify/{p}"] for p in ("embed", "attn", "ffn",
+                                                                                            "lm_head")))
+        assert r["over_floor_verify"] > 0 and (r["mode"] == "AR") == ("floor_ms_draft" not in r)
+    learned = [r for r in data["rows"] if r["drafter"] == "dflash" and r["budget"] != "auto"]
+    assert all(r["floor_ms_draft"] > 0 and r["over_floor_draft"] > 0 for r in learned)
+
+
 def test_kimi_k2_layers_fill_the_budget_and_no_more():
     layers = layers_that_fit(MODEL_BYTES, 2)
     assert model_bytes(kimi_k2(layers), 2) <= MODEL_BYTES < model_bytes(kimi_k2(layers + 1), 2)
@@ -72,12 +88,13 @@ def test_kimi_k2_layers_fill_the_budget_and_no_more():
             cfg.intermediate_size, cfg.vocab_size, cfg.first_k_dense_replace) == (7168, 384, 8, 2048, 18432, 163840, 1)
 
 
-def test_a_step_that_reads_everything_reads_the_model_and_its_cache():
+def test_a_verify_that_reads_everything_reads_the_model_and_its_cache():
     cfg = quick_k2()
     num_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
-    every = step_read_bytes(cfg, 2, cfg.vocab_size, 0, num_moe * cfg.n_routed_experts)
+    parts = TargetBytes.of(cfg, 2).verify_bytes(cfg.vocab_size, 0, [cfg.n_routed_experts] * num_moe)
     cache = cfg.num_hidden_layers * cfg.vocab_size * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
-    assert every == model_bytes(cfg, 2) + cache
+    routers = num_moe * cfg.n_routed_experts * cfg.hidden_size * 2  # the model holds them twice; routing reads float32
+    assert sum(parts.values()) == model_bytes(cfg, 2) - routers + cache
     assert uniform_touched(cfg, 1) == pytest.approx(cfg.num_experts_per_tok)
     assert uniform_touched(cfg, 10**6) == pytest.approx(cfg.n_routed_experts)
 

@@ -99,7 +99,8 @@ def test_bench_decode_quick_cpu(decode_run):
         twin = next(f for f in rows if not f["batch_invariant"] and (f["mode"], f["budget"], f["noise"]) ==
                     (r["mode"], r["budget"], r["noise"]))
         assert r["over_fast_eager"] == pytest.approx(r["eager_step_ms"] / twin["eager_step_ms"])
-    assert_positive(data, "prefill_ms", "ar_floor_ms", "weight_bytes_per_step")
+    assert_positive(data, "prefill_ms", "ar_floor_ms")
+    assert data["ar_floor_ms"] == rows[0]["floor_ms"]
     for r in rows:
         assert_positive(r, "eager_step_ms", "eager_tokens_per_s", "speedup_eager", "step_over_ar_eager",
                         "tau_eager", "profiled_step_ms")
@@ -128,6 +129,11 @@ def test_bench_decode_quick_cpu(decode_run):
     assert layout["target_layer_ids"] == list(range(data["model"]["num_hidden_layers"]))
     assert layout["hidden_size"] == data["model"]["hidden_size"] and layout["mask_token_id"] == 510
     assert "## steps" in md and "DDTree" in stdout and "dflash chain:" in stdout
+    assert "## stages against their floor" in md and "stages against their floor (ms; x: stage time / floor)" in stdout
+    for r in rows:  # every stage's floor beside its share, the step's floor their sum
+        assert r["floor_ms"] == pytest.approx(sum(r[f"floor_ms_{s}"] or 0 for s in top_level if f"floor_ms_{s}" in r))
+        assert r["over_floor_verify"] > 0 and r["over_floor_verify/attn"] > 0 and r["floor_ms_verify/ffn"] > 0
+    assert all(r["floor_ms_draft"] > 0 and r["over_floor_draft"] > 0 for r in learned)
 
 
 def test_cuda_request_without_gpu_is_a_clear_error(tmp_path):
