@@ -46,4 +46,3 @@ def repeated_steps(run: RunRecord) -> list[bool]:
         out.append(repeats_context(context, first_drafted_token(step)))
         context += step.committed
     return out
-

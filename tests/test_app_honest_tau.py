@@ -14,7 +14,7 @@ def tau_metric(at):
 
 def test_the_decode_and_report_pages_show_the_new_text_tau_and_the_distinct_rate():
     at = start()
-    assert tau_metric(at).delta is None, "nothing before the first step"
+    assert not tau_metric(at).delta, "nothing before the first step"
     press(at, "Run to end")
     record = at.session_state["live"].decoder.record()
     shown = tau_metric(at)
