@@ -43,7 +43,9 @@ tokens = state.generated(s.config.max_new_tokens)
 m1, m2, m3, m4 = st.columns(4)
 m1.metric("Steps", len(steps))
 m2.metric("Tokens generated", f"{len(tokens)} / {s.config.max_new_tokens}")
-m3.metric("Mean committed per step (tau)", views.number(state.tau(), ".2f"))
+tau, beside_tau = state.tau()
+m3.metric("Mean committed per step (tau)", views.number(tau, ".2f"), delta=beside_tau, delta_color="off",
+          delta_arrow="off")
 m4.metric("Status", "done" if state.done() else ("ready" if not steps else "running"))
 if not steps:
     st.info("Press **Step** to prefill the prompt and run the first DDTree step.")

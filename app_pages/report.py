@@ -2,6 +2,7 @@
 import streamlit as st
 
 from engine.records import MODE_LABELS
+from profiling.tau_text import summary_beside_tau
 from ui import recorded, state, views
 
 FORMATS = {
@@ -33,7 +34,7 @@ for summary in measurement.summaries.values():
     if warning:
         st.warning(warning)
     st.markdown(f"{sentence} tau {views.number(summary['tau'], '.2f')} tokens per {MODE_LABELS[summary['mode']]} "
-                f"step, speedup {views.speedup(summary)} over AR.")
+                f"step, {summary_beside_tau(summary)}; speedup {views.speedup(summary)} over AR.")
 for name, (mime, what) in FORMATS.items():
     button_col, text_col = st.columns([1, 4], vertical_alignment="center")
     button_col.download_button(name, files[name], file_name=name, mime=mime, on_click="ignore", width="stretch",

@@ -1,18 +1,22 @@
 """The shipped text pair, measured: does the target write text, and how much does its trained DFlash drafter buy?
 
-Over the model's held-out prompts (prompts.json: drawn from the corpus' held-out split at training) x new tokens
-at T = 0: the target's validation loss (training.json), the distinct-4-gram rate of its greedy continuations
-(a looping target makes tau meaningless), tau of the DFlash chain and of DDTree at each budget, per-position
-acceptance, and the wall-clock speedup over AR (CUDA: graph replays). Every speculative run must emit exactly
-the AR tokens. Each decode is run once with its records (tau, acceptance, tokens) and once timed through the
-decoder's device path (Decoder.advance; on CUDA the step captured as a graph after one eager step), so the
-records' host bookkeeping stays out of the times.
+Over the model's held-out prompts (prompts.json: drawn from the corpus' held-out split at training) x new tokens:
+the target's validation loss (training.json) and, per row (AR, the DFlash chain, DDTree at each budget and under
+`--budget auto`, at T = 0; then AR, the chain and DDTree at one budget at T = 0.8, each prompt under its own fixed
+seed), tau pooled over the prompts (all committed tokens over all steps, profiling.metrics.pooled_tau), beside it the
+tau of the steps on new text with their count (profiling/repeated_text.py's rule: a looping target makes tau cheap)
+and the distinct-4-gram rate of the row's continuations, per-position acceptance (pooled alike), and the wall-clock
+speedup over the AR row of the same temperature (CUDA: graph replays). Every speculative run must emit exactly the AR
+tokens (at T > 0 too: the noise is keyed by seed and position). Each decode is run once with its records (tau,
+acceptance, tokens) and once timed through the decoder's device path (Decoder.advance; on CUDA the step captured as
+a graph after one eager step), so the records' host bookkeeping stays out of the times.
 
     python -m benchmarks.bench_pair [--model DIR] [--device cuda|cpu] [--quick] [--batch-invariant] [--out DIR]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
@@ -42,11 +46,13 @@ from engine.loaders.loading import load_model
 from engine.loaders.shipped import DEFAULT_MODEL
 from engine.model.target import TargetModel
 from engine.records import MODE_LABELS, RunRecord
-from engine.training.generate import distinct_ngram_rate
 from profiling.divergence import NEAR_TIE, classify
-from profiling.metrics import first_divergence, per_position_acceptance, tau
+from profiling.metrics import distinct_4gram_rate, first_divergence, new_text_tau, per_position_acceptance, pooled_tau
+from profiling.repeated_text import RULE
 
 BUDGETS = (16, 32, 64, 128, 256)
+SAMPLED = 0.8  # the sampled rows' temperature
+SAMPLED_BUDGET = 64  # their DDTree budget (--quick: its one budget)
 
 
 def timed_decode(dec, num_steps: int, max_new_tokens: int) -> tuple[float, list[int]]:
@@ -94,16 +100,19 @@ def timed_near_tie(ar: RunRecord, tokens: list[int]) -> bool:
 
 def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfig, mode: str, spec: DrafterSpec,
             ar_runs: list[RunRecord] | None) -> dict:
-    """One row: the mode over every prompt. `exact` counts the prompts whose tokens are AR's; a divergence is a
-    failure unless profiling.divergence rates it a numerics near tie (`near_ties`), and the timed device path
-    must commit what the recorded run committed (an auto budget's: AR's tokens up to a near tie)."""
+    """One row: the mode over every prompt, prompt i under seed cfg.seed + i. `exact` counts the prompts whose
+    tokens are AR's; a divergence is a failure unless profiling.divergence rates it a numerics near tie
+    (`near_ties`), and the timed device path must commit what the recorded run committed (an auto budget's: AR's
+    tokens up to a near tie). tau, new_text_tau (over new_text_steps steps) and per_position_acceptance are pooled over
+    the prompts' steps; distinct_4gram_rate is the mean over the prompts' continuations."""
     auto = mode == "ddtree" and cfg.auto_budget
-    taus, positions, totals, matches, runs, texts = [], [], [0.0, 0], 0, [], []
+    totals, matches, runs, texts = [0.0, 0], 0, [], []
     near_ties = real = 0
     for i, prompt in enumerate(prompts):
-        dec = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[])
+        seeded = dataclasses.replace(cfg, seed=cfg.seed + i)
+        dec = make_decoder(ckpt, prompt, seeded, mode, spec, model=model, continuation=[])
         run = dec.run()
-        timed = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[],
+        timed = make_decoder(ckpt, prompt, seeded, mode, spec, model=model, continuation=[],
                              cuda_graph=cfg.device == "cuda")
         ms, tokens = timed_decode(timed, run.num_steps, cfg.max_new_tokens)
         divergence = first_divergence(ar_runs[i], run) if ar_runs else None
@@ -114,16 +123,19 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
         totals[0] += ms + run.prefill_ns / 1e6
         totals[1] += len(tokens)
         runs.append(run)
-        if mode != "ar":
-            taus.append(tau(run))
-            positions.append(per_position_acceptance(run))
         texts.append(with_text(run, ckpt).text)
     chosen = [s.budget.chosen for run in runs for s in run.steps if s.budget is not None]
     budget = (cfg.budget_label if cfg.auto_budget else cfg.budget) if mode == "ddtree" else None
-    return {"mode": MODE_LABELS[mode], "budget": budget,
+    new_text, new_text_steps = new_text_tau(runs)
+    num_steps = sum(r.num_steps for r in runs)
+    positions = [per_position_acceptance(run) for run in runs] if mode != "ar" else []
+    return {"mode": MODE_LABELS[mode], "temperature": cfg.temperature, "budget": budget,
             "chosen": " ".join(f"{b}:{chosen.count(b)}" for b in sorted(set(chosen))) if chosen else None,
-            "tau": float(np.mean(taus)) if taus else 1.0,
-            "per_position_acceptance": np.mean(positions, axis=0).tolist() if positions else [],
+            "tau": pooled_tau(runs), "new_text_tau": new_text, "new_text_steps": new_text_steps,
+            "new_text": f"{'-' if new_text is None else f'{new_text:.2f}'} ({new_text_steps} of {num_steps})",
+            "distinct_4gram_rate": distinct_4gram_rate(runs),
+            "per_position_acceptance": np.average(positions, axis=0, weights=[r.num_steps for r in runs]).tolist()
+            if positions else [],
             "tokens_per_s": totals[1] / (totals[0] / 1e3),
             "exact": f"{matches}/{len(prompts)}" + (f" ({near_ties} near tie{'s' * (near_ties > 1)})" if near_ties
                                                    else ""),
@@ -159,43 +171,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = DrafterSpec("dflash", model=str(drafter_dir))
     training = json.loads((args.model / "training.json").read_text())
 
-    def cfg(budget: int = 0, auto: bool = False) -> DecodeConfig:
+    def cfg(budget: int = 0, auto: bool = False, temperature: float = 0.0) -> DecodeConfig:
         return DecodeConfig(budget=budget, block_size=block, max_new_tokens=new_tokens, device=device.type,
-                            dtype=dtype, batch_invariant=args.batch_invariant, auto_budget=auto)
+                            dtype=dtype, batch_invariant=args.batch_invariant, auto_budget=auto,
+                            temperature=temperature)
 
     make_decoder(ckpt, prompts[0], cfg(budgets[-1]), "ddtree", spec, model=model).run()  # warm-up
     ar = measure(ckpt, model, prompts, cfg(), "ar", spec, None)
-    rows = [ar, measure(ckpt, model, prompts, cfg(), "chain", spec, ar["runs"])]
-    rows += [measure(ckpt, model, prompts, cfg(b), "ddtree", spec, ar["runs"]) for b in budgets]
-    rows.append(measure(ckpt, model, prompts, cfg(budgets[-1], auto=True), "ddtree", spec, ar["runs"]))
-    for row in rows:
-        row["speedup"] = ratio(row["tokens_per_s"], ar["tokens_per_s"])
-        row["accept_by_depth"] = " ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
-    chain_tau = rows[1]["tau"]
-    for row in rows[2:]:
-        row["tau_over_chain"] = ratio(row["tau"], chain_tau)
-    auto, fixed = rows[-1], rows[2:-1]
+    chain = measure(ckpt, model, prompts, cfg(), "chain", spec, ar["runs"])
+    fixed = [measure(ckpt, model, prompts, cfg(b), "ddtree", spec, ar["runs"]) for b in budgets]
+    auto = measure(ckpt, model, prompts, cfg(budgets[-1], auto=True), "ddtree", spec, ar["runs"])
+    sampled_budget = SAMPLED_BUDGET if SAMPLED_BUDGET in budgets else budgets[-1]
+    sampled_ar = measure(ckpt, model, prompts, cfg(temperature=SAMPLED), "ar", spec, None)
+    sampled = [sampled_ar] + [measure(ckpt, model, prompts, cfg(b, temperature=SAMPLED), m, spec, sampled_ar["runs"])
+                              for m, b in (("chain", 0), ("ddtree", sampled_budget))]
+    rows = [ar, chain, *fixed, auto, *sampled]
+    for group in ([ar, chain, *fixed, auto], sampled):
+        for row in group:
+            row["speedup"] = ratio(row["tokens_per_s"], group[0]["tokens_per_s"])
+            row["accept_by_depth"] = " ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
+            if row["mode"] == "DDTree":
+                row["tau_over_chain"] = ratio(row["tau"], group[1]["tau"])
     best = max(fixed, key=lambda r: r["tokens_per_s"])
     verdict = (f"auto ({auto['budget']}): {ratio(auto['tokens_per_s'], best['tokens_per_s']):.3f}x the best fixed "
-               f"budget's tokens/s (B = {best['budget']}), {ratio(auto['tokens_per_s'], rows[1]['tokens_per_s']):.3f}x "
+               f"budget's tokens/s (B = {best['budget']}), {ratio(auto['tokens_per_s'], chain['tokens_per_s']):.3f}x "
                f"the chain's; budgets chosen (B:steps) {auto['chosen']}; the choice is made on the device, "
                f"{choice_cost_us(device, len(buckets_up_to(budgets[-1]))):.1f} us of device time a drafted step")
-    distinct = distinct_ngram_rate(torch.tensor([run.tokens for run in ar["runs"]]), 4)
+    distinct = ar["distinct_4gram_rate"]
     setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "
              f"{training['final_val_loss']:.3f} nats/token at training) + {drafter_dir.name} (block {block}); "
-             f"{len(prompts)} held-out prompts x {new_tokens} new tokens, T = 0, {device.type} {dtype}"
-             f"{', batch-invariant' if args.batch_invariant else ''}; "
-             f"distinct-4-gram rate of the AR continuations {distinct:.3f}")
-    columns = [Column("mode", "mode"), Column("budget", "B", "{}"), Column("tau", "tau", "{:.2f}"),
-               Column("tau_over_chain", "tau / chain", "{:.2f}"), Column("tokens_per_s", "tokens/s", "{:.1f}"),
-               Column("speedup", "speedup", "{:.2f}"), Column("exact", "== AR"),
-               Column("accept_by_depth", "acceptance by depth"), Column("chosen", "auto: budgets chosen (B:steps)")]
-    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{verdict}\n\nexample (AR): {ar['example']!r}\n")
+             f"{len(prompts)} held-out prompts x {new_tokens} new tokens, T = 0, then T = {SAMPLED} (prompt i under "
+             f"seed i), {device.type} {dtype}{', batch-invariant' if args.batch_invariant else ''}; "
+             f"distinct-4-gram rate of the AR continuations {distinct:.3f}; tau = all committed tokens / all steps; "
+             f"new text: {RULE}")
+    columns = [Column("mode", "mode"), Column("temperature", "T", "{:g}"), Column("budget", "B", "{}"),
+               Column("tau", "tau", "{:.2f}"), Column("new_text", "tau on new text (its steps of all)"),
+               Column("distinct_4gram_rate", "distinct-4", "{:.3f}"), Column("tau_over_chain", "tau / chain", "{:.2f}"),
+               Column("tokens_per_s", "tokens/s", "{:.1f}"), Column("speedup", "speedup", "{:.2f}"),
+               Column("exact", "== AR"), Column("accept_by_depth", "acceptance by depth"),
+               Column("chosen", "auto: budgets chosen (B:steps)")]
+    print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{verdict}\n\nexample (AR): {ar['example']!r}\n"
+          f"example (AR, T = {SAMPLED}): {sampled_ar['example']!r}\n")
     results = {"setup": setup, "distinct_4gram_rate": distinct, "val_loss": training["final_val_loss"], "auto": verdict,
                "rows": [{k: v for k, v in r.items() if k != "runs"} for r in rows]}
     tables = {"setup": setup, "the pair": markdown_table(rows, columns), "auto budget": verdict}
     json_path, md_path = write_results(args.out, f"pair-{device.type}", info, results, tables)
-    failed = [r["mode"] for r in rows if r["real_divergences"]]
+    failed = [f"{r['mode']} T={r['temperature']:g}" for r in rows if r["real_divergences"]]
     print(f"wrote {json_path} and {md_path}" + (f"; real divergences from AR: {failed}" if failed else ""))
     return 1 if failed else 0
 

@@ -1,6 +1,7 @@
-"""report.html's opening, what a reader wants first: the verdicts and the headline numbers (tau, tokens/s, speedup
-with their spread, or the caveat that one run has none), the prompt and the generated texts, then the acceptance and
-timing figures; the full configuration folds away at the end (config_details)."""
+"""report.html's opening, what a reader wants first: the verdicts and the headline numbers (tau with its tau on new
+text and the text's distinct-4-gram rate, tokens/s, speedup with their spread, or the caveat that one run has none),
+the prompt and the generated texts, then the acceptance and timing figures; the full configuration folds away at the
+end (config_details)."""
 from __future__ import annotations
 
 from engine.config import DecodeConfig
@@ -9,8 +10,9 @@ from engine.records import MODE_LABELS, RunRecord
 from profiling.divergence import verdict
 from profiling.html_parts import e, fmt, name_cell, table
 from profiling.measurement import Measurement
-from profiling.metrics import num_dropped
+from profiling.metrics import distinct_4gram_rate, num_dropped
 from profiling.repeats import LARGE_SPREAD, relative_spread
+from profiling.tau_text import NEW_TEXT_NOTE, summary_beside_tau
 
 STATISTIC_NAMES = {"tokens_per_s": "tokens/s", "speedup": "speedup"}
 
@@ -53,8 +55,9 @@ def _card(big: str, what: str, detail: str) -> str:
 
 
 def headline_section(data: Measurement) -> str:
-    """The verdicts, then per speculative run tau, tokens/s and the speedup over AR: medians of the repeats with
-    their p10-p90 spread, or for one run the caveat that it has no spread."""
+    """The verdicts, then per run tau, its tau on new text (and how many steps), the distinct-4-gram rate of its
+    tokens, tokens/s and the speedup over AR: medians of the repeats with their p10-p90 spread, or for one run the
+    caveat that it has no spread."""
     summaries, repeats = data.summaries, data.repeats
     measured = repeats.modes
     cards, rows = [], []
@@ -62,17 +65,22 @@ def headline_section(data: Measurement) -> str:
         label, row = MODE_LABELS[mode], measured[mode]
         tps, speedup = row["tokens_per_s"], row["speedup"]
         tau = 1.0 if mode == "ar" else summaries[mode]["tau"]
+        summary = summaries.get(mode)
+        new_text = "–" if summary is None else (f"{fmt(summary['new_text_tau'], 2)} ({summary['new_text_steps']} of "
+                                                f"{summary['num_steps']})")
+        distinct = distinct_4gram_rate([data.runs[mode]]) if summary is None else summary["distinct_4gram_rate"]
         different = mode != "ar" and not summaries[mode]["matches_ar"]
         speedup_text = "1 (the baseline)" if mode == "ar" else (
             "–" if speedup["median"] is None else f"{speedup['median']:.2f}x{_spread(speedup, '.2f')}"
             + (" * over different outputs" if different else ""))
         tps_text = "–" if tps["median"] is None else f"{tps['median']:.1f}{_spread(tps, '.1f')}"
-        rows.append([name_cell(label), f"<td>{fmt(tau, 2)}</td>", f"<td>{e(tps_text)}</td>",
-                     f"<td>{e(speedup_text)}</td>"])
+        rows.append([name_cell(label), f"<td>{fmt(tau, 2)}</td>", f"<td>{e(new_text)}</td>",
+                     f"<td>{fmt(distinct, 2)}</td>", f"<td>{e(tps_text)}</td>", f"<td>{e(speedup_text)}</td>"])
         if mode != "ar":
             cards.append(_card("–" if speedup["median"] is None else f"{speedup['median']:.2f}x",
                                f"{label}: speedup over AR{' (over different outputs)' if different else ''}",
-                               f"tau {fmt(tau, 2)} tokens per step (the bonus included) · {tps_text} tokens/s"))
+                               f"tau {fmt(tau, 2)} tokens per step (the bonus included), "
+                               f"{summary_beside_tau(summary)} · {tps_text} tokens/s"))
     if repeats.count > 1:
         how = e(f"Medians of {repeats.count} repeats after one warm-up, with their p10–p90 spread; the sections "
                 "below show the median repeat's runs.")
@@ -86,8 +94,9 @@ def headline_section(data: Measurement) -> str:
         "repeats or quiet the machine before trusting it.</p>"
         for mode, row in measured.items() for key in row["large_spread"])
     return (f"<h2>Headline</h2>{_verdicts(summaries)}<div class='cards'>{''.join(cards)}</div>"
-            + table(["run", "tau (tokens/step)", "tokens/s", "speedup over AR"], rows)
-            + f"<p class='note spread'>{how}</p>{warnings}")
+            + table(["run", "tau (tokens/step)", "tau on new text (its steps of all)", "distinct-4", "tokens/s",
+                     "speedup over AR"], rows)
+            + f"<p class='note'>{e(NEW_TEXT_NOTE)}</p><p class='note spread'>{how}</p>{warnings}")
 
 
 def _text_of(text: str | None, tokens: list[int]) -> str:

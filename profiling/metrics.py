@@ -1,7 +1,16 @@
 """Speculative-decoding metrics from run records: the one definition the reports, the CLI and the dashboard use.
 
 Definitions (L = block_size - 1 drafted positions per step):
-- tau: mean tokens committed per speculative (chain or DDTree) step, the bonus token included (1 <= tau <= L + 1).
+- tau: tokens committed per speculative (chain or DDTree) step, the bonus token included (1 <= tau <= L + 1), always
+  total over total: over one run, or pooled over several (pooled_tau: all runs' committed tokens over all their
+  steps; never a mean of per-run taus, which weighs every run alike however few steps it took).
+- new_text_tau: tau over the steps that do not start on repeated text, with their count (new_text_steps). The rule
+  (profiling/repeated_text.py): a step starts on repeated text when the 4-gram of the 3 tokens before it (the
+  context: the prompt, the prefill's token, every committed token) and its first drafted token (the tree's
+  depth-1 node of rank 0, the drafter's top guess) occurs among the last 32 tokens of that context; a step that
+  drafted nothing is on new text. A target that loops makes the drafter's guesses easy: this tau leaves that out.
+- distinct_4gram_rate: distinct 4-grams over all 4-grams of a run's generated tokens (averaged over runs;
+  engine.training.ngrams): 1.0 never repeats itself, a loop of period p tends to p / (tokens - 3).
 - per_position_acceptance[d], d = 0..L-1: fraction of steps whose accepted path reached depth d + 1.
 - acceptance_histogram[k], k = 0..L: number of steps that accepted exactly k drafted tokens.
 - tokens/s: generated tokens (after truncation to max_new_tokens, the prefill's token included) divided by
@@ -15,13 +24,18 @@ Definitions (L = block_size - 1 drafted positions per step):
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from engine.records import MODES, RunRecord, StepRecord
+from engine.training.ngrams import distinct_ngram_rate
 from profiling.capture_data import Capture
 from profiling.divergence import REAL, classify
+from profiling.repeated_text import repeated_steps
 
 STEP = "step"
+DISTINCT_N = 4  # distinct-n of the generated tokens
 
 
 def num_draft_positions(run: RunRecord) -> int:
@@ -40,9 +54,32 @@ def tokens_per_s(run: RunRecord) -> float | None:
     return len(run.tokens) / (ns * 1e-9) if ns > 0 else None
 
 
+def steps_tau(steps: Sequence[StepRecord]) -> float | None:
+    """Tokens committed over steps, bonus included (None without steps)."""
+    return sum(s.num_committed for s in steps) / len(steps) if steps else None
+
+
 def tau(run: RunRecord) -> float | None:
-    """Mean tokens committed per step, bonus included (None for a run without steps)."""
-    return sum(s.num_committed for s in run.steps) / len(run.steps) if run.steps else None
+    """Tokens committed per step of the run, bonus included (None for a run without steps)."""
+    return steps_tau(run.steps)
+
+
+def pooled_tau(runs: Sequence[RunRecord]) -> float | None:
+    """Tau over several runs (prompts): all their committed tokens over all their steps (None: no steps)."""
+    return steps_tau([s for run in runs for s in run.steps])
+
+
+def new_text_tau(runs: Sequence[RunRecord]) -> tuple[float | None, int]:
+    """The pooled tau of the runs' steps that start on new text (not repeated_steps), and how many steps that is."""
+    steps = [s for run in runs for s, repeated in zip(run.steps, repeated_steps(run), strict=True) if not repeated]
+    return steps_tau(steps), len(steps)
+
+
+def distinct_4gram_rate(runs: Sequence[RunRecord]) -> float | None:
+    """Distinct 4-grams over all 4-grams of each run's generated tokens, averaged over the runs (None: a run has
+    fewer than 4 tokens)."""
+    rows = [run.tokens for run in runs]
+    return distinct_ngram_rate(rows, DISTINCT_N) if rows and min(map(len, rows)) >= DISTINCT_N else None
 
 
 def acceptance_histogram(run: RunRecord) -> list[int]:
@@ -156,6 +193,7 @@ def summarize(ar: RunRecord, run: RunRecord) -> dict:
         raise ValueError(f"expected an AR run and a chain or DDTree run, got modes {ar.mode!r} and {run.mode!r}")
     check_runs({"ar": ar, run.mode: run})
     ar_tps, tps = tokens_per_s(ar), tokens_per_s(run)
+    new_text = new_text_tau([run])
     return {
         "mode": run.mode,
         "matches_ar": run.tokens == ar.tokens,
@@ -170,6 +208,9 @@ def summarize(ar: RunRecord, run: RunRecord) -> dict:
         "block_size": int(run.decode["block_size"]),
         "budget": int(run.decode["budget"]) if run.mode == "ddtree" else num_draft_positions(run),
         "tau": tau(run),
+        "new_text_tau": new_text[0],
+        "new_text_steps": new_text[1],
+        "distinct_4gram_rate": distinct_4gram_rate([run]),
         "per_position_acceptance": per_position_acceptance(run),
         "acceptance_histogram": acceptance_histogram(run),
         "ar_time_ms": run_time_ns(ar) / 1e6,

@@ -108,9 +108,17 @@ _SUMMARY_FIELDS = {
     "ar_tokens_per_s": _OPT_NUM, "tokens_per_s": _OPT_NUM, "speedup": _OPT_NUM,
     "first_divergence": {"oneOf": [{"type": "null"}, DIVERGENCE]},
 }
-# The expert traffic came later: optional, so earlier reports stay valid.
-SUMMARY = _object({**_SUMMARY_FIELDS, "ar_expert_traffic": EXPERT_TRAFFIC, "expert_traffic": EXPERT_TRAFFIC},
-                  list(_SUMMARY_FIELDS))
+HONEST_TAU = {
+    "new_text_tau": {**_OPT_NUM, "description": "tau over the steps that do not start on repeated text "
+                     "(profiling/repeated_text.py's rule); null: every step did"},
+    "new_text_steps": {**_COUNT, "description": "how many steps new_text_tau is over"},
+    "distinct_4gram_rate": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                            "description": "distinct 4-grams over all 4-grams of the generated tokens; null: fewer "
+                                           "than 4 tokens"},
+}
+# The expert traffic and the honest-tau fields came later: optional, so earlier reports stay valid.
+SUMMARY = _object({**_SUMMARY_FIELDS, "ar_expert_traffic": EXPERT_TRAFFIC, "expert_traffic": EXPERT_TRAFFIC,
+                   **HONEST_TAU}, list(_SUMMARY_FIELDS))
 
 _ENVIRONMENT_FIELDS = {
     "torch": {"type": "string"}, "cuda": {"type": ["string", "null"]}, "cuda_available": {"type": "boolean"},

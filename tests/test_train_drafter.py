@@ -153,21 +153,56 @@ def test_bad_options_fail_clearly(tiny_target_run, tmp_path, argv, message):
     assert not (tmp_path / "d").exists(), "nothing written"
 
 
-def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, capsys):
+def new_text_steps(run) -> list[bool]:
+    """Per step, whether it is on new text, counted the slow way: the 4-gram of the 3 tokens before it and the
+    token of its depth-1, rank-0 node is not among the 4-grams of the last 32 tokens before it."""
+    context, out = [*run.prompt, run.first_token], []
+    for step in run.steps:
+        tree = step.tree
+        first = [t for t, p, d, r in zip(tree.tokens, tree.parents, tree.depths, tree.ranks, strict=True)
+                 if (p, d, r) == (0, 1, 0)]
+        window = context[-32:]
+        seen = {tuple(window[i:i + 4]) for i in range(len(window) - 3)}
+        out.append(not first or len(context) < 3 or (*context[-3:], first[0]) not in seen)
+        context += step.committed
+    return out
+
+
+def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, capsys, monkeypatch):
     from benchmarks import bench_pair
 
     target, drafter, _ = tiny_drafter
+    measured, measure = [], bench_pair.measure  # every row's run records, to recompute its columns from
+    monkeypatch.setattr(bench_pair, "measure", lambda *args: measured.append(measure(*args)) or measured[-1])
     assert bench_pair.main(["--model", str(target), "--drafter", str(drafter), "--quick", "--device", "cpu",
                             "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "pair-cpu.json").read_text())
-    modes = [r["mode"] for r in result["rows"]]
-    assert modes == ["AR", "chain", "DDTree", "DDTree"] and all(r["exact"] == "4/4" for r in result["rows"])
-    assert [r["budget"] for r in result["rows"][2:]] == [16, "auto:16"] and "auto (auto:16):" in out
-    assert 0 < result["distinct_4gram_rate"] <= 1 and "tau / chain" in out
-    tree = result["rows"][2]
-    assert tree["tau"] >= result["rows"][1]["tau"] - 1e-9 and len(tree["per_position_acceptance"]) == 7
-    assert all(r["real_divergences"] == 0 for r in result["rows"])
+    rows = result["rows"]
+    assert [(r["mode"], r["temperature"]) for r in rows] == [("AR", 0), ("chain", 0), ("DDTree", 0), ("DDTree", 0),
+                                                            ("AR", 0.8), ("chain", 0.8), ("DDTree", 0.8)]
+    assert all(r["exact"] == "4/4" for r in rows), "== AR, token-exact at T = 0.8 too"
+    assert [r["budget"] for r in rows if r["mode"] == "DDTree"] == [16, "auto:16", 16] and "auto (auto:16):" in out
+    assert 0 < result["distinct_4gram_rate"] <= 1 and "tau / chain" in out and "tau on new text" in out
+    tree = rows[2]
+    assert tree["tau"] >= rows[1]["tau"] - 1e-9 and len(tree["per_position_acceptance"]) == 7
+    assert all(r["real_divergences"] == 0 for r in rows)
+    assert len(measured) == len(rows)
+    assert [run.decode["seed"] for run in measured[-1]["runs"]] == [0, 1, 2, 3], "prompt i under seed i"
+    for row, m in zip(rows, measured, strict=True):
+        runs = m["runs"]
+        steps = [s for run in runs for s in run.steps]
+        assert row["tau"] == pytest.approx(sum(len(s.committed) for s in steps) / len(steps)), "all over all"
+        fresh = [s for run in runs for s, new in zip(run.steps, new_text_steps(run), strict=True) if new]
+        assert row["new_text_steps"] == len(fresh) and row["new_text"].endswith(f"({len(fresh)} of {len(steps)})")
+        if fresh:
+            assert row["new_text_tau"] == pytest.approx(sum(len(s.committed) for s in fresh) / len(fresh))
+        rates = [len({tuple(r.tokens[i:i + 4]) for i in range(len(r.tokens) - 3)}) / (len(r.tokens) - 3) for r in runs]
+        assert row["distinct_4gram_rate"] == pytest.approx(sum(rates) / len(rates))
+        if row["mode"] != "AR":
+            assert row["tau"] == pytest.approx(1 + sum(row["per_position_acceptance"])), "pooled alike"
+    assert rows[0]["distinct_4gram_rate"] == result["distinct_4gram_rate"]
+    assert rows[6]["tau_over_chain"] == pytest.approx(rows[6]["tau"] / rows[5]["tau"]), "over the chain at T = 0.8"
     assert bench_pair.main(["--model", str(target), "--drafter", str(drafter), "--quick", "--device", "cpu",
                             "--batch-invariant", "--prompts", "2", "--out", str(tmp_path)]) == 0
     exact = json.loads((tmp_path / "pair-cpu.json").read_text())

@@ -22,6 +22,7 @@ from profiling import metrics
 from profiling.measurement import Measurement
 from profiling.report import render
 from profiling.sweep import budget_sweep
+from profiling.tau_text import beside_tau
 from ui import recorded
 from ui.current import Current, Live, request_of, target_model
 from ui.safe_text import plain
@@ -146,10 +147,15 @@ def show_failure() -> None:
         st.stop()
 
 
-def tau() -> float | None:
-    """profiling.metrics' tau of the decode so far (None before the first step)."""
+def tau() -> tuple[float | None, str | None]:
+    """profiling.metrics' tau of the decode so far and what is shown beside it (profiling.tau_text.beside_tau: the
+    tau of its steps on new text and the distinct-4-gram rate of its tokens); (None, None) before the first step."""
     decoder = current().decoder
-    return None if decoder is None else metrics.tau(decoder.record())
+    if decoder is None or not decoder.steps:
+        return None, None
+    run = decoder.record()
+    new_text, new_text_steps = metrics.new_text_tau([run])
+    return metrics.tau(run), beside_tau(new_text, new_text_steps, run.num_steps, metrics.distinct_4gram_rate([run]))
 
 
 def generated(max_new_tokens: int) -> list[tuple[int, int]]:

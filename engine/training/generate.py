@@ -6,6 +6,7 @@ import contextlib
 
 import torch
 
+from engine.training.ngrams import distinct_ngram_rate as distinct_ngram_rate  # its callers import it from here
 from engine.training.target_model import KVCache, TargetLM
 
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
@@ -48,13 +49,3 @@ def _generate(model: TargetLM, prompts: torch.Tensor, num_new: int, capacity: in
         token = model(token[:, None], logits_from=-1, cache=cache, start=start).logits[:, -1].argmax(-1)
         out[:, j] = token
     return out
-
-
-def distinct_ngram_rate(tokens: torch.Tensor, n: int = 4) -> float:
-    """Distinct n-grams over all n-grams of each row of tokens [N, L], averaged over rows: 1.0 never repeats
-    itself, a loop of period p tends to p / (L - n + 1)."""
-    rows = tokens.tolist()
-    if not rows or len(rows[0]) < n:
-        raise ValueError(f"need rows of at least n={n} tokens, got shape {tuple(tokens.shape)}")
-    rates = [len({tuple(r[i:i + n]) for i in range(len(r) - n + 1)}) / (len(r) - n + 1) for r in rows]
-    return sum(rates) / len(rates)
