@@ -26,6 +26,7 @@ from profiling.ranks import ranks_table
 from profiling.repeats import RepeatStats
 from profiling.report import check_out_dir, write_all
 from profiling.stage_floor import floor_table, run_floors
+from profiling.tau_text import NEW_TEXT_NOTE
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -41,6 +42,9 @@ def summary_table(measurement: Measurement) -> str:
         ("tokens generated", lambda r, s: len(r.tokens)),
         ("steps", lambda r, s: r.num_steps),
         ("tokens/step (tau)", lambda r, s: _num(tau(r), ".2f")),
+        ("tau on new text", lambda r, s: "" if s is None else _num(s["new_text_tau"], ".2f")),
+        ("new-text steps", lambda r, s: "" if s is None else f"{s['new_text_steps']}/{s['num_steps']}"),
+        ("distinct-4", lambda r, s: "" if s is None else _num(s["distinct_4gram_rate"], ".2f")),
         ("prefill ms", lambda r, s: f"{(s or first)['prefill_ms' if s else 'ar_prefill_ms']:.2f}"),
         ("total ms", lambda r, s: f"{(s or first)['time_ms' if s else 'ar_time_ms']:.2f}"),
         ("tokens/s", lambda r, s: _num((s or first)["tokens_per_s" if s else "ar_tokens_per_s"], ".1f")),
@@ -50,6 +54,7 @@ def summary_table(measurement: Measurement) -> str:
     lines = [f"{'':<20}" + "".join(f"{name:>12}" for name, _, _ in columns)]
     lines += [f"{label:<20}" + "".join(f"{value(r, s)!s:>12}" for _, r, s in columns) for label, value in rows]
     lines.append(f"target picks: {DecodeConfig(**ar.decode).sampling} (every mode draws the same keyed noise)")
+    lines.append(NEW_TEXT_NOTE)
     for mode, s in summaries.items():
         label = MODE_LABELS[mode]
         lines.append(f"{label} acceptance histogram (steps accepting 0..L drafted tokens): "

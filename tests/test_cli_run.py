@@ -83,6 +83,21 @@ def test_run_without_a_report_prints_the_summary_only(tmp_path, capsys, monkeypa
     assert "tokens/s" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
+def test_the_summary_puts_the_new_text_tau_and_distinct_4_beside_tau(tmp_path, capsys):
+    """run's table shows, per speculative mode, the tau of its steps on new text, how many steps that is and the
+    distinct-4 rate, as report.json's summaries hold them (profiling.metrics), and says what they are."""
+    out = tmp_path / "r"
+    assert main([*BASE, "--prompt", "3, 1, 4, 1, 5", "--report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summaries = json.loads((out / "report.json").read_text())["summaries"]
+    rows = {line[:20].strip(): line[20:].split() for line in printed.splitlines() if len(line) > 20}
+    for column, summary in enumerate(summaries.values(), start=1):  # column 0 is AR's: blank on these rows
+        assert rows["tau on new text"][column - 1] == f"{summary['new_text_tau']:.2f}"
+        assert rows["new-text steps"][column - 1] == f"{summary['new_text_steps']}/{summary['num_steps']}"
+        assert rows["distinct-4"][column - 1] == f"{summary['distinct_4gram_rate']:.2f}"
+    assert "tau on new text is that of the steps" in printed
+
+
 def test_existing_reports_without_force_are_left_untouched(tmp_path, capsys):
     out = tmp_path / "reports"
     content = fill_with_sentinels(out)

@@ -8,6 +8,7 @@ from engine.records import MODE_LABELS
 from profiling.estimate import duration_text, measure_estimate_s
 from profiling.measure import measure_job
 from profiling.measurement import Measurement
+from profiling.tau_text import summary_beside_tau
 from ui import profile_jobs, state, views
 from ui.current import request_of, target_model
 
@@ -68,4 +69,4 @@ def badges(measurement: Measurement) -> None:
                    delta=f"{views.speedup(summary | {'speedup': speedup['median']})} speedup, tau "
                          f"{views.number(summary['tau'], '.2f')}", delta_color=colour, delta_arrow=direction,
                    help=f"tokens/s {views.spread_text(measured[mode]['tokens_per_s'])}; speedup "
-                        f"{views.spread_text(speedup)}")
+                        f"{views.spread_text(speedup)}; tau {summary_beside_tau(summary)}")
