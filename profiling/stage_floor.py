@@ -128,12 +128,14 @@ class StageFloor:
 
 
 def mean_bytes(model: FloorModel, steps: list[StepRecord]) -> dict[str, float | None]:
-    """Mean bytes per stage over the steps that ran it (None: unknown in one of them)."""
+    """Mean bytes per stage over all the steps, 0 in a step that did not run it (an auto budget's draft-free AR
+    step has no draft), as the benchmarks' stage times are means over all their profiled steps (None: unknown in
+    one of them)."""
     sums: dict[str, list] = {}
     for step in steps:
         for stage, b in model.step_bytes(step).items():
             sums.setdefault(stage, []).append(b)
-    return {s: None if any(b is None for b in v) else sum(v) / len(v) for s, v in sums.items()}
+    return {s: None if any(b is None for b in v) else sum(v) / len(steps) for s, v in sums.items()}
 
 
 def stage_floors(model: FloorModel, steps: list[StepRecord], bandwidth: Bandwidth) -> list[StageFloor]:

@@ -12,7 +12,7 @@ from engine.config import ModelConfig
 from engine.loaders.dflash_config import DFlashConfig
 from engine.records import BudgetChoice, ExpertTraffic, StepRecord, TreeRecord
 from profiling.bandwidth import Bandwidth, copy_bandwidth, measure_copy
-from profiling.stage_floor import FloorModel, floor_table, stage_floors
+from profiling.stage_floor import FloorModel, floor_table, mean_bytes, stage_floors
 
 TINY = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
 CFG = ModelConfig(
@@ -87,6 +87,21 @@ def test_an_ar_step_and_a_draft_free_auto_step_have_no_draft_stages():
                            confidence=[[1.0, 1.0]])
     auto = model.step_bytes(step("ddtree", 1, 10, [2, 2], path_len=1, budget=backoff))
     assert "draft" not in auto and "tree_build" not in auto
+
+
+def test_mean_bytes_count_a_stage_as_zero_in_the_steps_that_did_not_run_it():
+    """An auto budget's mix of drafted and draft-free steps: the draft's mean bytes are over all the steps, as the
+    benchmarks' stage times are means over all their profiled steps (so time over floor is not inflated)."""
+    model = FloorModel.of(CFG, "float32", block_size=4, drafter=DRAFTER)
+    backoff = BudgetChoice(chosen=0, drafted=False, buckets=[0, 4], expected=[0.0, 1.0], cost_s=[1.0, 2.0],
+                           value=[1.0, 1.0], confidence=[[1.0, 1.0]])
+    drafted = step("ddtree", 5, 10, [3, 3], path_len=2)
+    num_undrafted = int(np.random.default_rng().integers(1, 6))
+    steps = [drafted] + [step("ddtree", 1, 10, [2, 2], path_len=1, budget=backoff) for _ in range(num_undrafted)]
+    got = mean_bytes(model, steps)
+    assert got["draft"] == pytest.approx(model.step_bytes(drafted)["draft"] / len(steps))
+    want_verify = sum(model.step_bytes(s)["verify"] for s in steps) / len(steps)
+    assert got["verify"] == pytest.approx(want_verify)
 
 
 def test_the_floors_are_the_bytes_at_the_bandwidth_and_the_ratio_is_time_over_floor():
