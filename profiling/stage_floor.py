@@ -8,6 +8,8 @@ layers, lm_head), so the part of the verify that is off its floor shows as well.
 """
 from __future__ import annotations
 
+import functools
+import json
 import re
 from dataclasses import dataclass
 
@@ -50,15 +52,11 @@ class FloorModel:
     @classmethod
     def of_run(cls, run: RunRecord) -> FloorModel:
         """The run's model and dtype; a DFlash drafter's shapes read from the checkpoint its record names (not
-        readable here, a recording from elsewhere: its stages get no floor)."""
-        drafter, known = None, True
-        if run.drafter.get("name") == "dflash":
-            try:
-                drafter = read_dflash_dir(run.drafter["model"]).config
-            except (OSError, ValueError, KeyError, TypeError):
-                known = False
-        return cls.of(ModelConfig.from_dict(run.model), str(run.decode["dtype"]), int(run.decode["block_size"]),
-                      drafter, known)
+        readable here, a recording from elsewhere: its stages get no floor). Counted once per model, dtype, block
+        and drafter (the Profile page asks on every rerun)."""
+        dflash_dir = str(run.drafter.get("model", "")) if run.drafter.get("name") == "dflash" else None
+        return _floor_model(json.dumps(run.model, sort_keys=True), str(run.decode["dtype"]),
+                            int(run.decode["block_size"]), dflash_dir)
 
     def step_bytes(self, step: StepRecord) -> dict[str, float | None]:
         """Bytes per stage the step ran ("verify/<part>" beside "verify"; None: unknown). The stages come from the
@@ -89,6 +87,17 @@ class FloorModel:
         if self.drafter is not None:
             return count(self.drafter)
         return 0.0 if self.drafter_known else None
+
+
+@functools.lru_cache(maxsize=16)
+def _floor_model(model_json: str, dtype: str, block_size: int, dflash_dir: str | None) -> FloorModel:
+    drafter, known = None, True
+    if dflash_dir is not None:
+        try:
+            drafter = read_dflash_dir(dflash_dir).config
+        except (OSError, ValueError, KeyError, TypeError):
+            known = False
+    return FloorModel.of(ModelConfig.from_dict(json.loads(model_json)), dtype, block_size, drafter, known)
 
 
 def stage_times_ms(ranges_ms: dict[str, float]) -> dict[str, float]:

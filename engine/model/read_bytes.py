@@ -18,6 +18,11 @@ ROUTER_ITEMSIZE = 4  # the target routes in float32 (engine/model/target.py keep
 INDEX_ITEMSIZE = 8  # int64 tokens, parents, picks and paths
 
 
+def expert_bytes(cfg: ModelConfig, itemsize: int) -> int:
+    """One routed expert's gate, up and down weights: what each expert a verify touches costs it to read."""
+    return 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize
+
+
 @dataclass(frozen=True, slots=True)
 class LayerBytes:
     """One target layer's weight bytes, split by the range that reads them."""
@@ -40,24 +45,22 @@ class TargetBytes:
 
     @classmethod
     def of(cls, cfg: ModelConfig, itemsize: int) -> TargetBytes:
+        """Counted in one pass over the weights' shapes (the routed experts by expert_bytes, not one by one)."""
         shapes = weight_shapes(cfg)
-        layers = []
-        for i in range(cfg.num_hidden_layers):
-            prefix = f"model.layers.{i}."
-            attn = ffn = expert = 0
-            for name, shape in shapes.items():
-                if not name.startswith(prefix):
-                    continue
-                size = math.prod(shape) * itemsize
-                if ".mlp.experts." in name:
-                    expert += size if ".mlp.experts.0." in name else 0
-                elif name.endswith(".mlp.gate.weight"):
-                    ffn += math.prod(shape) * ROUTER_ITEMSIZE
-                elif ".self_attn." in name or name.endswith("input_layernorm.weight"):
-                    attn += size
-                else:
-                    ffn += size
-            layers.append(LayerBytes(attn, ffn, expert))
+        attn = [0] * cfg.num_hidden_layers
+        ffn = [0] * cfg.num_hidden_layers
+        for name, shape in shapes.items():
+            if not name.startswith("model.layers.") or ".mlp.experts." in name:
+                continue
+            i = int(name.split(".", 3)[2])
+            if name.endswith(".mlp.gate.weight"):
+                ffn[i] += math.prod(shape) * ROUTER_ITEMSIZE
+            elif ".self_attn." in name or name.endswith("input_layernorm.weight"):
+                attn[i] += math.prod(shape) * itemsize
+            else:
+                ffn[i] += math.prod(shape) * itemsize
+        layers = [LayerBytes(attn[i], ffn[i], expert_bytes(cfg, itemsize) if cfg.is_moe_layer(i) else 0)
+                  for i in range(cfg.num_hidden_layers)]
         head = shapes[lm_head_name(cfg)]
         return cls(tuple(layers), cfg.hidden_size * itemsize, cfg.hidden_size * itemsize, math.prod(head) * itemsize,
                    (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * itemsize, cfg.vocab_size)

@@ -31,6 +31,7 @@ from engine.model.moe import (
     stack_experts,
 )
 from engine.model.parallel import ATTN_REDUCE, MOE_COMBINE, MOE_DISPATCH, Shard
+from engine.model.read_bytes import expert_bytes
 from engine.model.rope import rope_tables
 from engine.model.weights import lm_head_name
 from engine.timers import StepTimer
@@ -91,8 +92,7 @@ class TargetModel:
                              "bfloat16, compute capability 9.x or 10.x and fewer than 1024 experts; use 'dense'")
         self.num_moe_layers = sum(layer["moe"] for layer in self.layers)
         self.expert_load = ExpertLoad(self.num_moe_layers, cfg.n_routed_experts, self.device)
-        # one routed expert's gate, up and down weights: what each expert a verify touches costs it to read
-        self.bytes_per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * self.dtype.itemsize
+        self.bytes_per_expert = expert_bytes(cfg, self.dtype.itemsize)
 
     def layout(self) -> dict | None:
         """The parallel layout this model is part of (Shard.layout), or None when it is whole."""
