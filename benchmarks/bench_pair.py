@@ -8,10 +8,12 @@ tau of the steps on new text with their count (profiling/repeated_text.py's rule
 and the distinct-4-gram rate of the row's continuations, per-position acceptance (pooled alike), and the wall-clock
 speedup over the AR row of the same temperature (CUDA: graph replays). Every speculative run must emit exactly the AR
 tokens (at T > 0 too: the noise is keyed by seed and position). Each decode is run once with its records (tau,
-acceptance, tokens) and once timed through the decoder's device path (Decoder.advance; on CUDA the step captured as
-a graph after one eager step), so the records' host bookkeeping stays out of the times.
+acceptance, tokens) and timed through the decoder's device path (Decoder.advance; on CUDA the step captured as a
+graph after one eager step), so the records' host bookkeeping stays out of the times: the timed decodes interleave
+the rows prompt by prompt, in --rounds rounds, each keeping its fastest (time_rows).
 
-    python -m benchmarks.bench_pair [--model DIR] [--device cuda|cpu] [--quick] [--batch-invariant] [--out DIR]
+    python -m benchmarks.bench_pair [--model DIR] [--device cuda|cpu] [--quick] [--batch-invariant] [--rounds N]
+                                    [--out DIR]
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ from profiling.repeated_text import RULE
 BUDGETS = (16, 32, 64, 128, 256)
 SAMPLED = 0.8  # the sampled rows' temperature
 SAMPLED_BUDGET = 64  # their DDTree budget (--quick: its one budget)
+TIMED_ROUNDS = 3  # on CUDA: timed decodes of every (row, prompt), the fastest kept
 
 
 def timed_decode(dec, num_steps: int, max_new_tokens: int) -> tuple[float, list[int]]:
@@ -100,28 +103,19 @@ def timed_near_tie(ar: RunRecord, tokens: list[int]) -> bool:
 
 def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfig, mode: str, spec: DrafterSpec,
             ar_runs: list[RunRecord] | None) -> dict:
-    """One row: the mode over every prompt, prompt i under seed cfg.seed + i. `exact` counts the prompts whose
-    tokens are AR's; a divergence is a failure unless profiling.divergence rates it a numerics near tie
-    (`near_ties`), and the timed device path must commit what the recorded run committed (an auto budget's: AR's
-    tokens up to a near tie). tau, new_text_tau (over new_text_steps steps) and per_position_acceptance are pooled over
-    the prompts' steps; distinct_4gram_rate is the mean over the prompts' continuations."""
-    auto = mode == "ddtree" and cfg.auto_budget
-    totals, matches, runs, texts = [0.0, 0], 0, [], []
+    """One row's recorded runs: the mode over every prompt, prompt i under seed cfg.seed + i, and what they show.
+    `exact` counts the prompts whose tokens are AR's; a divergence is a failure unless profiling.divergence rates it
+    a numerics near tie (`near_ties`). tau, new_text_tau (over new_text_steps steps) and per_position_acceptance are
+    pooled over the prompts' steps; distinct_4gram_rate is the mean over the prompts' continuations. time_rows adds
+    the row's tokens/s."""
+    matches, runs, texts = 0, [], []
     near_ties = real = 0
     for i, prompt in enumerate(prompts):
-        seeded = dataclasses.replace(cfg, seed=cfg.seed + i)
-        dec = make_decoder(ckpt, prompt, seeded, mode, spec, model=model, continuation=[])
-        run = dec.run()
-        timed = make_decoder(ckpt, prompt, seeded, mode, spec, model=model, continuation=[],
-                             cuda_graph=cfg.device == "cuda")
-        ms, tokens = timed_decode(timed, run.num_steps, cfg.max_new_tokens)
+        run = make_decoder(ckpt, prompt, seeded(cfg, i), mode, spec, model=model, continuation=[]).run()
         divergence = first_divergence(ar_runs[i], run) if ar_runs else None
         matches += divergence is None
         near_ties += divergence is not None and divergence["kind"] == NEAR_TIE
-        real += (divergence is not None and divergence["kind"] != NEAR_TIE) or (
-            tokens[: cfg.max_new_tokens] != run.tokens and not (auto and timed_near_tie(ar_runs[i], tokens)))
-        totals[0] += ms + run.prefill_ns / 1e6
-        totals[1] += len(tokens)
+        real += divergence is not None and divergence["kind"] != NEAR_TIE
         runs.append(run)
         texts.append(with_text(run, ckpt).text)
     chosen = [s.budget.chosen for run in runs for s in run.steps if s.budget is not None]
@@ -136,10 +130,42 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
             "distinct_4gram_rate": distinct_4gram_rate(runs),
             "per_position_acceptance": np.average(positions, axis=0, weights=[r.num_steps for r in runs]).tolist()
             if positions else [],
-            "tokens_per_s": totals[1] / (totals[0] / 1e3),
             "exact": f"{matches}/{len(prompts)}" + (f" ({near_ties} near tie{'s' * (near_ties > 1)})" if near_ties
                                                    else ""),
-            "near_ties": near_ties, "real_divergences": real, "runs": runs, "example": texts[0]}
+            "near_ties": near_ties, "real_divergences": real, "runs": runs, "example": texts[0],
+            "decode": (cfg, mode, ar_runs)}
+
+
+def seeded(cfg: DecodeConfig, prompt_index: int) -> DecodeConfig:
+    return dataclasses.replace(cfg, seed=cfg.seed + prompt_index)
+
+
+def time_rows(ckpt, model: TargetModel, prompts: list[list[int]], rows: list[dict], spec: DrafterSpec,
+              rounds: int) -> None:
+    """Each row's tokens/s through the decoder's device path, the rows interleaved prompt by prompt (so that the
+    machine's drift over the run hits them alike) in `rounds` rounds, each (row, prompt) keeping its fastest decode;
+    a row's tokens/s is the sum of its prompts' committed tokens over the sum of their times (each with its recorded
+    run's prefill). The timed decode must commit what the recorded run committed (an auto budget's: AR's tokens up to
+    a numerics near tie, its choices following the timed run's costs), or the prompt counts as a real divergence."""
+    best: list[list[tuple[float, int] | None]] = [[None] * len(prompts) for _ in rows]
+    diverged: list[set[int]] = [set() for _ in rows]
+    for _ in range(rounds):
+        for i, prompt in enumerate(prompts):
+            for r, row in enumerate(rows):
+                cfg, mode, ar_runs = row["decode"]
+                run = row["runs"][i]
+                timed = make_decoder(ckpt, prompt, seeded(cfg, i), mode, spec, model=model, continuation=[],
+                                     cuda_graph=cfg.device == "cuda")
+                ms, tokens = timed_decode(timed, run.num_steps, cfg.max_new_tokens)
+                ms += run.prefill_ns / 1e6
+                auto = isinstance(timed, AutoBudgetDecoder)
+                if tokens[: cfg.max_new_tokens] != run.tokens and not (auto and timed_near_tie(ar_runs[i], tokens)):
+                    diverged[r].add(i)
+                if best[r][i] is None or len(tokens) / ms > best[r][i][1] / best[r][i][0]:
+                    best[r][i] = (ms, len(tokens))
+    for row, times, prompts_diverged in zip(rows, best, diverged, strict=True):
+        row["tokens_per_s"] = sum(n for _, n in times) / (sum(ms for ms, _ in times) / 1e3)
+        row["real_divergences"] += len(prompts_diverged)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, help="how many of the model's prompts (default: all of them)")
     p.add_argument("--batch-invariant", action="store_true", help="decode in the batch-invariant mode (every run's "
                                                                   "tokens AR's bit for bit)")
+    p.add_argument("--rounds", type=int, choices=range(1, 11), metavar="1..10",
+                   help=f"timed decodes of every row and prompt, the fastest kept (default: {TIMED_ROUNDS} on CUDA, "
+                        "1 on the CPU and with --quick)")
     p.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
     device = resolve_device(args.device)
@@ -186,7 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sampled = [sampled_ar] + [measure(ckpt, model, prompts, cfg(b, temperature=SAMPLED), m, spec, sampled_ar["runs"])
                               for m, b in (("chain", 0), ("ddtree", sampled_budget))]
     rows = [ar, chain, *fixed, auto, *sampled]
+    rounds = args.rounds or (TIMED_ROUNDS if device.type == "cuda" and not args.quick else 1)
     for group in ([ar, chain, *fixed, auto], sampled):
+        time_rows(ckpt, model, prompts, group, spec, rounds)
         for row in group:
             row["speedup"] = ratio(row["tokens_per_s"], group[0]["tokens_per_s"])
             row["accept_by_depth"] = " ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
@@ -213,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{verdict}\n\nexample (AR): {ar['example']!r}\n"
           f"example (AR, T = {SAMPLED}): {sampled_ar['example']!r}\n")
     results = {"setup": setup, "distinct_4gram_rate": distinct, "val_loss": training["final_val_loss"], "auto": verdict,
-               "rows": [{k: v for k, v in r.items() if k != "runs"} for r in rows]}
+               "rows": [{k: v for k, v in r.items() if k not in ("runs", "decode")} for r in rows]}
     tables = {"setup": setup, "the pair": markdown_table(rows, columns), "auto budget": verdict}
     json_path, md_path = write_results(args.out, f"pair-{device.type}", info, results, tables)
     failed = [f"{r['mode']} T={r['temperature']:g}" for r in rows if r["real_divergences"]]

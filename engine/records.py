@@ -64,7 +64,8 @@ class ExpertTraffic:
 class BudgetChoice:
     """What `--budget auto` decided at one step (engine/decoding/budget.py): the budget buckets it chose among,
     the expected accepted drafted tokens and the predicted step seconds at each, their ratio (expected tokens per
-    second), and the confidence correction it applied per depth and rank class. drafted=False: an AR step taken
+    second), the confidence correction it applied per depth and rank class, and how large the tree was built
+    (auto_budget.build_limit: about twice the recent choices, up to the largest bucket). drafted=False: an AR step taken
     without a draft (the policy backs off from a drafter whose trees do not pay); its curves are the last drafted
     step's."""
 
@@ -76,6 +77,7 @@ class BudgetChoice:
     value: list[float]  # (1 + expected) / cost_s
     confidence: list[list[float]]  # realised / predicted acceptance per depth (0: the root) and rank class
     # ([the drafter's top token at its depth, the others])
+    built: int  # the nodes past the root the tree was built with: the buckets above it see no more expected tokens
 
 
 @dataclass(slots=True)

@@ -7,14 +7,17 @@ schemas), or at import when the library is already loaded (torch imports this mo
 Contracts (the one place in code where they are written; README.md, "Custom ops", has the long form).
 Index scalars (root_token, prefix_len, path_len, bonus) are 0-dim int64 tensors on the op's device.
 
-tree_build(draft_logprobs [L, V] f32, root_token, budget B in 0..1024)
+tree_build(draft_logprobs [L, V] f32, root_token, budget B in 0..1024, budget_limit=None)
     -> tokens, parents, depths, ranks [B+1] i64, scores [B+1] f32, visibility [B+1, B+1] bool.
   K = min(B, V) candidates per depth: the top K of row d-1 by (logprob desc, token asc), rank = index there.
   Best-first from the root's first child; a max-heap on float32 cumulative score (parent + lp), ties to lower
   depth, then rank, then parent index. Each pop adds a node and pushes its next sibling (rank+1 < K) and
   first child (depth < L). Node 0 = root (parent -1, score 0); nodes after the heap empties are padding
   (token root_token, parent -1, depth 0, rank 0, score -inf). visibility[i, j] iff j == i or j is an
-  ancestor of i. NaN in draft_logprobs is an error.
+  ancestor of i. NaN in draft_logprobs is an error. budget_limit (an index scalar in [0, B]; CUDA clamps it)
+  stops the heap after that many pops, the rest padding: the first budget_limit + 1 nodes are tree_build's at
+  budget budget_limit (the first n pops never reach rank n, so K = min(B, V) changes none of them), and the
+  outputs keep B's shapes, so a captured graph can take a limit chosen afresh on the device every step.
 verify_attn(q_lat [N, H, R], q_pe [N, H, P], ckv [S, R], kpe [S, P], prefix_len, block_mask [N, N] bool, scale,
             batch_invariant=False) -> o_lat [N, H, R] (input dtype), lse [N, H] f32.
   Node i sees cache rows u < prefix_len and rows prefix_len + j where block_mask[i, j] (prefix_len + N <= S).
@@ -71,9 +74,11 @@ class Acceptance(NamedTuple):
     bonus: Tensor  # 0-dim int64
 
 
-def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int) -> BuiltTree:
-    """Best-first draft tree of budget+1 nodes (root first) from per-depth draft log-probabilities."""
-    return BuiltTree(*_ops().tree_build(draft_logprobs, root_token, budget))
+def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit: Tensor | None = None
+               ) -> BuiltTree:
+    """Best-first draft tree of budget+1 nodes (root first) from per-depth draft log-probabilities; with a
+    budget_limit, only that many nodes past the root are built and the rest is padding."""
+    return BuiltTree(*_ops().tree_build(draft_logprobs, root_token, budget, budget_limit))
 
 
 def verify_attn(
@@ -94,7 +99,7 @@ def kv_compact(ckv: Tensor, kpe: Tensor, prefix_len: Tensor, path: Tensor) -> No
     _ops().kv_compact(ckv, kpe, prefix_len, path)
 
 
-def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int):
+def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
     num_nodes = budget + 1
     index = draft_logprobs.new_empty((num_nodes,), dtype=torch.int64)
     return (

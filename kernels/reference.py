@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 
-def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int) -> tuple[Tensor, ...]:
+def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit: Tensor | None = None
+               ) -> tuple[Tensor, ...]:
     num_depths, vocab = draft_logprobs.shape
     k = min(budget, vocab)
     rows = draft_logprobs.tolist()
@@ -27,7 +28,8 @@ def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int) -> tuple
     if k > 0:
         first = child_score(scores[0], 1, 0)
         heapq.heappush(heap, (-first.item(), 1, 0, 0, first))
-    while heap and len(tokens) < budget + 1:
+    num_popped = budget if budget_limit is None else int(budget_limit)
+    while heap and len(tokens) < num_popped + 1:
         _, depth, rank, parent, score = heapq.heappop(heap)
         node = len(tokens)
         tokens.append(candidates[depth - 1][rank])

@@ -241,7 +241,7 @@ def _step(s: dict, mask: np.ndarray) -> StepRecord:
             target=_floats(probs["target"]), draft=_floats(probs["draft"]), move_on=_floats(probs["move_on"]),
             expected_accepted=float(probs["expected_accepted"]), draft_expected=float(probs["draft_expected"])),
         experts=None if experts is None else ExpertTraffic(list(experts["touched"]), experts["bytes_per_expert"]),
-        budget=None if budget is None else BudgetChoice(**budget))
+        budget=None if budget is None else BudgetChoice(**{"built": max(budget["buckets"]), **budget}))
 
 
 def _run(doc: dict, mode: str, masks: list[np.ndarray]) -> RunRecord:

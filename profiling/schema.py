@@ -52,12 +52,15 @@ STEP_EXPERTS = {"oneOf": [{"type": "null"}, _object({
     "bytes_read": _INT})],
     "description": "per MoE layer, the distinct routed experts the verify's nodes chose; one expert's gate/up/down "
                    "bytes in the run's dtype; touched (all layers) x bytes_per_expert. null: no MoE layer"}
-STEP_BUDGET = {"oneOf": [{"type": "null"}, _object({
+_BUDGET_FIELDS = {
     "chosen": _INT, "drafted": {"type": "boolean"}, "buckets": _INTS, "expected": _NUMS, "cost_s": _NUMS,
-    "value": _NUMS, "confidence": {"type": "array", "items": _NUMS}})],
+    "value": _NUMS, "confidence": {"type": "array", "items": _NUMS}}
+# built came later: optional (read as the largest bucket), so earlier reports stay valid.
+STEP_BUDGET = {"oneOf": [{"type": "null"}, _object({**_BUDGET_FIELDS, "built": _INT}, list(_BUDGET_FIELDS))],
     "description": "--budget auto's decision (engine.records.BudgetChoice): the best bucket, whether the step "
                    "drafted, per bucket the expected accepted drafted tokens, the predicted step seconds and their "
-                   "ratio, and the confidence correction per depth and rank class. null: a fixed budget"}
+                   "ratio, the confidence correction per depth and rank class, and the nodes the tree was built "
+                   "with. null: a fixed budget"}
 # experts and budget came later: optional, so earlier reports stay valid.
 STEP = _object({**_STEP_FIELDS, "experts": STEP_EXPERTS, "budget": STEP_BUDGET}, list(_STEP_FIELDS))
 

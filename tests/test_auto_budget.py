@@ -17,7 +17,7 @@ from test_decode import check_step_invariants
 from cli import options as opts
 from cli.__main__ import main
 from engine.config import DecodeConfig, buckets_up_to
-from engine.decoding.auto_budget import MAX_IN_FLIGHT, AutoBudgetDecoder, truncate
+from engine.decoding.auto_budget import LIMIT_WINDOW, MAX_IN_FLIGHT, AutoBudgetDecoder, truncate
 from engine.decoding.budget import (
     CostTable,
     choose,
@@ -115,21 +115,46 @@ def test_cost_table_refuses_bad_times_and_follows_measurements():
     table = CostTable((0, 8), [1.0, 1.0])
     for _ in range(60):
         table.observe(8, 3.0)
-    assert table.seconds[1] == pytest.approx(3.0, rel=1e-3) and table.seconds[0] == 1.0
+    table.observe(8, float("nan"))  # a broken timing is ignored
+    assert table.predicted() == pytest.approx([1.0, 3.0], rel=1e-3), "the AR step's kind has seen no step"
 
 
-def test_the_policy_reads_no_bucket_dearer_than_a_larger_one():
-    """One slow step leaves its bucket's running time high; the policy reads it capped by the larger buckets' (a
-    smaller tree's verify is part of a larger one's work), so that bucket can still be chosen again."""
+def test_buckets_not_chosen_rise_with_the_run_not_stay_at_the_calibration():
+    """A decode step costs more than the calibration's part of it. A bucket the run keeps choosing must not come to
+    look dearer than the others merely because they were not run: every drafted bucket moves with its kind's
+    excess, the calibration's differences kept; the AR step's kind moves apart."""
+    rng = np.random.default_rng(rng_seed := int(np.random.SeedSequence().entropy % 2**32))
+    buckets = buckets_up_to(256)
+    calibrated = [float(s) for s in 1e-3 + np.cumsum(rng.uniform(2e-4, 4e-4, len(buckets)))]
+    table = CostTable(buckets, list(calibrated))
+    chosen, extra = int(rng.integers(1, len(buckets))), float(rng.uniform(2e-4, 1e-3))
+    for _ in range(80):
+        table.observe(buckets[chosen], calibrated[chosen] + extra)
+    got = table.predicted()
+    assert got[0] == pytest.approx(calibrated[0]), rng_seed
+    for i in range(1, len(buckets)):
+        assert got[i] == pytest.approx(calibrated[i] + extra, rel=1e-6), (rng_seed, i)
+    dearer = rng.uniform(5e-5, 1e-4)  # a second bucket turns out dearer than its calibration said
+    other = 1 + (chosen % (len(buckets) - 1))
+    for _ in range(200):
+        for i in (chosen, other):
+            table.observe(buckets[i], calibrated[i] + extra + dearer * (i == other))
+    got = table.predicted()  # the calibration's gaps are wider than `dearer`: the monotone fit leaves them
+    assert got[other] - got[chosen] > calibrated[other] - calibrated[chosen] + 0.6 * dearer, rng_seed
+    assert all(a <= b for a, b in zip(got, got[1:], strict=False))
+
+
+def test_the_policy_reads_the_closest_monotone_costs():
+    """A smaller tree's verify is part of a larger one's work: the policy reads the isotonic regression of the
+    table, checked against its min-max formula (entry i = max over j <= i of min over k >= i of mean(y[j..k]))."""
     rng = np.random.default_rng(rng_seed := int(np.random.SeedSequence().entropy % 2**32))
     buckets = buckets_up_to(256)
     seconds = [float(s) for s in rng.uniform(1e-3, 1e-2, len(buckets))]
-    table = CostTable(buckets, list(seconds))
-    got = table.predicted()
-    assert table.seconds == seconds, f"the table itself is left as measured (seed {rng_seed})"
-    for i in range(len(buckets)):
-        assert got[i] == min(seconds[i:]), (rng_seed, i)
-    assert all(a <= b for a, b in zip(got, got[1:], strict=False))
+    got = CostTable(buckets, list(seconds)).predicted()
+    n = len(seconds)
+    want = [max(min(float(np.mean(seconds[j:k + 1])) for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
+    np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=f"seed {rng_seed}")
+    assert CostTable(buckets, sorted(seconds)).predicted() == sorted(seconds), "a monotone table is read as it is"
 
 
 def chain_with_siblings(depth: int, top: float, sibling: float):
@@ -210,9 +235,18 @@ def test_auto_emits_ar_tokens_greedy(tiny, noise, maximum):
     decoder = auto_decoder(ckpt, model, cfg, DrafterSpec(noise=noise, seed=7), ar.tokens)
     run = decoder.run()
     assert_greedy_equal(ar.tokens, ar.logits, run.tokens)
+    choices: list[int] = []  # the drafted steps' so far
     for step in run.steps:
         check_step_invariants(step, cfg.num_draft_positions)
         choice = step.budget
+        if choice.drafted:  # built at the smallest bucket >= twice the recent choices (MAX before any)
+            recent = choices[-LIMIT_WINDOW:]
+            wanted = max(2 * max(recent), decoder.buckets[1]) if recent else maximum
+            assert choice.built == min([b for b in decoder.buckets if b >= wanted] or [maximum]), (choices, choice)
+            assert choice.chosen <= choice.built
+            beyond = [e for b, e in zip(choice.buckets, choice.expected, strict=True) if b >= choice.built]
+            assert max(beyond) - min(beyond) < 1e-6, "the buckets past the build limit add no node"
+            choices.append(choice.chosen)
         assert choice is not None and choice.chosen in decoder.buckets
         smallest = decoder.buckets[1]  # a drafted step that chooses 0 still verifies the smallest tree
         assert step.tree.num_nodes == (choice.chosen or (smallest if choice.drafted else 0)) + 1, \
@@ -232,7 +266,7 @@ def test_a_drafter_that_never_hits_backs_off_to_draft_free_ar_steps(tiny, monkey
     cfg = DecodeConfig(budget=16, max_new_tokens=64)
     ar = ARDecoder(model, ckpt.prompt.tolist(), cfg).run()
     decoder = auto_decoder(ckpt, model, cfg, DrafterSpec(noise=1.0, seed=3), ar.tokens)
-    decoder.costs.seconds[:] = [1.0] + [2.0] * (len(decoder.buckets) - 1)
+    decoder.costs = CostTable(decoder.buckets, [1.0] + [2.0] * (len(decoder.buckets) - 1))
     monkeypatch.setattr(decoder.costs, "observe", lambda budget, seconds: None)
     run = decoder.run()
     assert_greedy_equal(ar.tokens, ar.logits, run.tokens)
@@ -246,7 +280,7 @@ def test_a_drafter_that_never_hits_backs_off_to_draft_free_ar_steps(tiny, monkey
 
 def forced_backoff(decoder: AutoBudgetDecoder, monkeypatch) -> None:
     """Costs under which no draft pays (an AR step 1 s, any drafted step 100 s), whatever this machine's timing."""
-    decoder.costs.seconds[:] = [1.0] + [100.0] * (len(decoder.buckets) - 1)
+    decoder.costs = CostTable(decoder.buckets, [1.0] + [100.0] * (len(decoder.buckets) - 1))
     monkeypatch.setattr(decoder.costs, "observe", lambda budget, seconds: None)
 
 
@@ -335,10 +369,13 @@ def test_startup_costs_are_measured_once_per_model_and_setting(tiny, monkeypatch
     ckpt, model = tiny
     cfg = DecodeConfig(budget=16, max_new_tokens=4)
     first = auto_decoder(ckpt, model, cfg, DrafterSpec())
-    assert all(s > 0 for s in first.costs.seconds) and len(first.costs.seconds) == len(first.buckets)
+    assert all(s > 0 for s in first.costs.calibrated) and len(first.costs.calibrated) == len(first.buckets)
+    first.run()
+    learned = first.costs.predicted()
+    assert sum(first.costs.weights) > 0, "the decode's steps reached the table"
     monkeypatch.setattr(AutoBudgetDecoder, "_calibration_step", lambda self, b: pytest.fail("measured again"))
     again = auto_decoder(ckpt, model, dataclasses.replace(cfg, max_new_tokens=6), DrafterSpec())
-    assert again.costs.seconds == first.costs.seconds and again.costs.seconds is not first.costs.seconds
+    assert again.costs is first.costs and again.costs.predicted() == learned, "the table carries over, as learned"
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
@@ -360,8 +397,9 @@ def test_auto_with_cuda_graphs_emits_ar_tokens(tiny_checkpoint, dtype, noise, mo
     decoder = AutoBudgetDecoder(model, prompt, cfg, build_drafter(DrafterSpec(noise=noise, seed=2), target),
                                 cuda_graph=True)
     rng = np.random.default_rng(int(noise * 10))
-    redraw = lambda budget, seconds: decoder.costs.seconds.__setitem__(  # noqa: E731
-        slice(None), list(rng.uniform(1e-3, 1e-2, len(decoder.buckets))))
+    decoder.costs = CostTable(decoder.buckets, [1.0] * len(decoder.buckets))
+    redraw = lambda budget, seconds: decoder.costs.calibrated.__setitem__(  # noqa: E731
+        slice(None), sorted(rng.uniform(1e-3, 1e-2, len(decoder.buckets))))
     monkeypatch.setattr(decoder.costs, "observe", redraw)
     run = decoder.run()
     assert run.tokens == ar.tokens

@@ -87,6 +87,35 @@ def test_tree_build_ties_break_identically(budget, seed):
     _check_tree_invariants(got, draft, 1)
 
 
+@pytest.mark.parametrize("budget", [16, 64, 256])
+@settings(max_examples=10, deadline=None)
+@given(seed=SEEDS)
+def test_tree_build_budget_limit_pops_a_prefix(budget, seed):
+    """With a budget_limit the tree is tree_build's at that budget, padded to the full budget's shapes (the first n
+    pops never reach rank n, so the full budget's K candidates per depth change none of them)."""
+    rng = random.Random(seed)
+    draft = _random_logprobs(torch.Generator().manual_seed(seed), rng.randint(1, 8), rng.randint(1, 300))
+    root, limit = torch.tensor(seed % 1000), rng.randint(0, budget)
+    got = ops.tree_build(draft, root, budget, torch.tensor(limit))
+    _assert_same_tree(got, reference.tree_build(draft, root, budget, torch.tensor(limit)))
+    alone = ops.tree_build(draft, root, limit)
+    for full, small in zip(got[:5], alone[:5], strict=True):
+        assert torch.equal(full[: limit + 1], small)
+    assert torch.equal(got.visibility[: limit + 1, : limit + 1], alone.visibility)
+    assert torch.all(got.parents[limit + 1:] == -1) and torch.all(got.scores[limit + 1:] == float("-inf"))
+    _check_tree_invariants(got, draft, int(root))
+
+
+@pytest.mark.parametrize("limit", [-1, 17])
+def test_tree_build_refuses_a_budget_limit_out_of_range(limit):
+    with pytest.raises(RuntimeError, match=r"budget_limit must be in \[0, budget = 16\], got " + str(limit)):
+        ops.tree_build(_random_logprobs(torch.Generator().manual_seed(0), 3, 20), torch.tensor(0), 16,
+                       torch.tensor(limit))
+    with pytest.raises(RuntimeError, match="budget_limit must be a 0-dim int64"):
+        ops.tree_build(_random_logprobs(torch.Generator().manual_seed(0), 3, 20), torch.tensor(0), 16,
+                       torch.tensor([limit]))
+
+
 def test_tree_build_full_budget():
     draft = _random_logprobs(torch.Generator().manual_seed(random.randrange(2**31)), 8, 500)
     got = ops.tree_build(draft, torch.tensor(3), 1024)
@@ -224,6 +253,7 @@ def _opcheck_cases():
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     draft = _random_logprobs(gen, 3, 10)
     yield pytest.param("tree_build", (draft, torch.tensor(2), 7), id="tree_build")
+    yield pytest.param("tree_build", (draft, torch.tensor(2), 7, torch.tensor(4)), id="tree_build-budget-limit")
     q = (torch.randn(5, 2, 8, generator=gen), torch.randn(5, 2, 4, generator=gen))
     cache = (torch.randn(12, 8, generator=gen), torch.randn(12, 4, generator=gen))
     attn_args = (*q, *cache, torch.tensor(4), ancestor_mask([-1, 0, 0, 1, 2]), 0.25)

@@ -80,6 +80,23 @@ def test_tree_build_equals_cpu_op_on_log_softmax(ops, budget):
     _build_both(ops, _draft(seed, 15, 163840, "smooth"), budget, seed)
 
 
+@pytest.mark.parametrize("kind", ["smooth", "ties"])
+@pytest.mark.parametrize("budget", [64, 256, 1024])
+def test_tree_build_budget_limit_equals_cpu_op(ops, budget, kind):
+    """A budget_limit read on the device: every limit gives the CPU op's tree (heap below 64 pops, the threshold
+    build above, with the full budget's K candidates), out-of-range limits clamped into [0, B]."""
+    seed = _seed()
+    draft = _draft(seed, 7, 163840 if kind == "smooth" else 512, kind)
+    root = seed % 1000
+    for limit in (0, 1, 16, 63, 64, budget // 2, budget):
+        got = ops.tree_build(draft.to(CUDA), torch.tensor(root, device=CUDA), budget,
+                             torch.tensor(limit, device=CUDA))
+        _assert_same(got, ops.tree_build(draft, torch.tensor(root), budget, torch.tensor(limit)), seed)
+    for limit, clamped in ((-5, 0), (budget + 9, budget)):
+        got = ops.tree_build(draft.to(CUDA), torch.tensor(root, device=CUDA), budget, torch.tensor(limit, device=CUDA))
+        _assert_same(got, ops.tree_build(draft, torch.tensor(root), budget, torch.tensor(clamped)), seed)
+
+
 def test_tree_build_equals_reference_at_full_vocab(ops):
     seed = _seed()
     draft = _draft(seed, 15, 163840, "ties")

@@ -84,7 +84,7 @@ def test_an_ar_step_and_a_draft_free_auto_step_have_no_draft_stages():
     ar = model.step_bytes(step("ar", 1, 10, [2, 2], path_len=1))
     assert not {"draft", "tree_build", "draft_update"} & set(ar)
     backoff = BudgetChoice(chosen=0, drafted=False, buckets=[0], expected=[0.0], cost_s=[1.0], value=[1.0],
-                           confidence=[[1.0, 1.0]])
+                           confidence=[[1.0, 1.0]], built=0)
     auto = model.step_bytes(step("ddtree", 1, 10, [2, 2], path_len=1, budget=backoff))
     assert "draft" not in auto and "tree_build" not in auto
 
@@ -94,7 +94,7 @@ def test_mean_bytes_count_a_stage_as_zero_in_the_steps_that_did_not_run_it():
     benchmarks' stage times are means over all their profiled steps (so time over floor is not inflated)."""
     model = FloorModel.of(CFG, "float32", block_size=4, drafter=DRAFTER)
     backoff = BudgetChoice(chosen=0, drafted=False, buckets=[0, 4], expected=[0.0, 1.0], cost_s=[1.0, 2.0],
-                           value=[1.0, 1.0], confidence=[[1.0, 1.0]])
+                           value=[1.0, 1.0], confidence=[[1.0, 1.0]], built=4)
     drafted = step("ddtree", 5, 10, [3, 3], path_len=2)
     num_undrafted = int(np.random.default_rng().integers(1, 6))
     steps = [drafted] + [step("ddtree", 1, 10, [2, 2], path_len=1, budget=backoff) for _ in range(num_undrafted)]

@@ -152,11 +152,13 @@ def runs_timeline(runs: dict[str, RunRecord]) -> go.Figure:
 
 def budget_choice(choice: BudgetChoice) -> go.Figure:
     """One step's --budget auto decision over its buckets: the expected tokens the step commits (1 + expected
-    accepted), the predicted step time, and their ratio with the chosen budget marked."""
+    accepted; the buckets past the tree's build limit greyed, they add no node), the predicted step time, and their
+    ratio with the chosen budget marked."""
     x = [str(b) for b in choice.buckets]
-    fig = make_subplots(1, 3, subplot_titles=("expected tokens (1 + accepted)", "predicted step ms",
-                                              "expected tokens per second"))
-    fig.add_bar(x=x, y=[1 + e for e in choice.expected], row=1, col=1, showlegend=False)
+    fig = make_subplots(1, 3, subplot_titles=(f"expected tokens (1 + accepted), built at {choice.built}",
+                                              "predicted step ms", "expected tokens per second"))
+    built = ["#1f77b4" if b <= choice.built else "#c7c7c7" for b in choice.buckets]
+    fig.add_bar(x=x, y=[1 + e for e in choice.expected], marker_color=built, row=1, col=1, showlegend=False)
     fig.add_bar(x=x, y=[c * 1e3 for c in choice.cost_s], row=1, col=2, showlegend=False)
     colours = ["#d62728" if b == choice.chosen else "#1f77b4" for b in choice.buckets]
     fig.add_bar(x=x, y=choice.value, marker_color=colours, row=1, col=3, showlegend=False)

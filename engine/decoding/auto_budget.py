@@ -1,32 +1,34 @@
-"""DDTree with its budget chosen every step (`--budget auto`, `auto:MAX`): the tree is built once at MAX and the
-policy of engine/decoding/budget.py picks the truncation to verify, b = 0 included.
+"""DDTree with its budget chosen every step (`--budget auto`, `auto:MAX`): the tree is built once, up to MAX nodes,
+and the policy of engine/decoding/budget.py picks the truncation to verify, b = 0 included.
 
-A drafted step is one piece of device work: the draft (propose, tree_build at MAX, the expected accepted tokens at
-every bucket), the choice (expected tokens per second against the cost table, on the device) and the verify of the
-chosen truncation (the first b + 1 nodes of the tree and the top-left block of its mask). With CUDA graphs it is
-one captured graph whose verify is a switch node over one branch per bucket (kernels/graph_switch.py), so the
-choice costs no read back to the host; eagerly, the chosen index is read and that bucket's verify runs.
+A drafted step is one piece of device work: the draft (propose, tree_build with MAX's shapes but only build_limit()
+nodes popped, about twice what the last steps chose, the expected accepted tokens at every bucket), the choice
+(expected tokens per second against the cost table, on the device) and the verify of the chosen truncation (the
+first b + 1 nodes of the tree and the top-left block of its mask). With CUDA graphs it is one captured graph whose
+verify is a switch node over one branch per bucket (kernels/graph_switch.py), so the choice costs no read back to
+the host; eagerly, the chosen index is read and that bucket's verify runs.
 
 The host learns what each step chose when the step is done, without waiting for it: every step's chosen bucket and
-committed count are copied to pinned memory behind it, and read once its end event has passed; the host runs at
-most MAX_IN_FLIGHT steps ahead of what it has read. From what it reads it refreshes the cost table (the step's time,
-from CUDA events, for the bucket it verified), which the next drafted step reads from the device, and it backs off:
-when the best choice is b = 0 the drafts are not paying, so the next steps are AR steps taken without a draft, for
-1, 2, 4, ... MAX_BACKOFF steps while drafting keeps choosing 0; a drafted step that chooses b > 0 ends the back-off
-(a drafted step that chooses 0 still verifies the smallest tree, so the calibration keeps learning). An AR step costs
+committed count are copied to pinned memory behind it, and read once its end event has passed; the host runs at most
+MAX_IN_FLIGHT steps ahead of what it has read. From what it reads it refreshes the cost table (the step's time, from
+CUDA events, for the bucket it verified), which the next drafted step reads from the device, and it backs off: when
+the best choice is b = 0 the drafts are not paying, so the next steps are AR steps taken without a draft, for 1, 2,
+4, ... MAX_BACKOFF steps while drafting keeps choosing 0; a drafted step that chooses b > 0 ends the back-off (a
+drafted step that chooses 0 still verifies the smallest tree, so the calibration keeps learning). An AR step costs
 what plain AR costs: the drafter is not told of its token then, the token's hidden states wait in a buffer, and the
-next drafted step first tells the drafter of all of them in one commit. The calibration, the back-off reached and
-the start-up costs carry over from one decode to the next on the same model and drafter. Every step verifies a
-valid tree, so the output is AR's whatever is chosen.
+next drafted step first tells the drafter of all of them in one commit. The confidence correction, the back-off
+reached and the cost table (budget.CostTable) carry over from one decode to the next on the same model and drafter.
+Every step verifies a valid tree, so the output is AR's whatever is chosen.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import statistics
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,8 +56,9 @@ from kernels.graph_switch import graph_switch, side_stream
 # AR steps at most between two drafted probes: a probe costs a draft and a two-node verify (about three AR steps at
 # Kimi-K2 width), so with a drafter that never hits the probes cost about 1% of the steps at this spacing.
 MAX_BACKOFF = 256
-CALIBRATION_REPEATS = 3  # timed rounds over the buckets at start-up (after one untimed), the best of each kept
+CALIBRATION_REPEATS = 3  # timed rounds over the buckets at start-up (after one untimed), the median of each kept
 MAX_IN_FLIGHT = 2  # steps the host may launch ahead of the last one whose choice it has read
+LIMIT_WINDOW = 8  # drafted steps whose choices set the next tree's build limit (build_limit)
 
 
 @dataclass(slots=True)
@@ -83,9 +86,9 @@ class DraftedStep:
         return self.outputs[max(chosen, 1) - 1]
 
 
-# Start-up step costs per model and decode setting, measured once per process, and each drafter's track per model
+# The cost table per model and decode setting, calibrated once per process, and each drafter's track per model
 # (weak: they go with the model).
-_COSTS: weakref.WeakKeyDictionary[TargetModel, dict[tuple, list[float]]] = weakref.WeakKeyDictionary()
+_COSTS: weakref.WeakKeyDictionary[TargetModel, dict[tuple, CostTable]] = weakref.WeakKeyDictionary()
 _TRACKS: weakref.WeakKeyDictionary[TargetModel, dict[tuple, DrafterTrack]] = weakref.WeakKeyDictionary()
 
 
@@ -117,9 +120,11 @@ class AutoBudgetDecoder(Decoder):
         if cuda_graph:
             self._side = side_stream(dev)  # before any capture: making it synchronises
         self._cost = torch.ones(len(self.buckets), device=dev)  # the cost table as the drafted step reads it
+        self._limit = torch.tensor(cfg.budget, device=dev)  # the nodes the drafted step builds (ops.tree_build)
+        self.recent_choices: deque[int] = deque(maxlen=LIMIT_WINDOW)  # budgets the last drafted steps chose
         self._in_flight = InFlight(dev, MAX_IN_FLIGHT, len(self.buckets))
         quiet, self.timer = self.timer, StepTimer(dev, enabled=False)  # no stage ranges in the calibration
-        self.costs = CostTable(self.buckets, list(self._startup_costs()))
+        self.costs = self._cost_table()
         self.timer = quiet
         self.ar_steps_left = 0  # AR steps to take before the next drafted probe
         self.budget_counts: Counter[int] = Counter()  # steps per verified budget (0: an AR step without a draft)
@@ -140,11 +145,12 @@ class AutoBudgetDecoder(Decoder):
         self._capture_pool: tuple[int, int] | None = None  # the memory pool of the graph being captured
 
     # -- start-up calibration --------------------------------------------------------------------
-    def _startup_costs(self) -> list[float]:
-        """Seconds of a step at each bucket on this model, measured once per process for these settings: the draft
-        and a verify forward of the real tree's first b + 1 nodes (its KV rows land in scratch slots past the
-        prefix; nothing is committed), as captured graphs where the decode replays graphs. Bucket 0 is an AR step
-        without a draft. Rounds interleave the buckets so that a slow moment of the machine hits them alike."""
+    def _cost_table(self) -> CostTable:
+        """The cost table of this model and these settings, calibrated once per process and carried from decode to
+        decode: the seconds of the draft and a verify forward of the real tree's first b + 1 nodes at each bucket
+        (its KV rows land in scratch slots past the prefix; nothing is committed), as captured graphs where the
+        decode replays graphs; bucket 0 is an AR step's forward without a draft. Rounds interleave the buckets so
+        that a slow moment of the machine hits them alike, and each bucket keeps its median round."""
         key = (self.drafter.name, self.buckets, self.cfg.dtype, self.cfg.batch_invariant, self.depth, self.cuda_graph)
         known = _COSTS.setdefault(self.model, {})
         if key not in known:
@@ -153,11 +159,8 @@ class AutoBudgetDecoder(Decoder):
                 steps = [self._graphed(step) for step in steps]
             for step in steps:
                 step()  # untimed: first-touch allocations and kernel selection stay out
-            best = [float("inf")] * len(steps)
-            for _ in range(CALIBRATION_REPEATS):
-                for i, step in enumerate(steps):
-                    best[i] = min(best[i], self._time(step))
-            known[key] = best
+            rounds = [[self._time(step) for step in steps] for _ in range(CALIBRATION_REPEATS)]
+            known[key] = CostTable(self.buckets, [statistics.median(times) for times in zip(*rounds, strict=True)])
         return known[key]
 
     def _calibration_step(self, budget: int) -> None:
@@ -187,12 +190,13 @@ class AutoBudgetDecoder(Decoder):
 
     # -- the step's device work --------------------------------------------------------------------
     def _draft_part(self) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(the tree at MAX, the draft, the prefix length before the step, expected accepted at each bucket)."""
+        """(the tree (MAX's shapes, the build limit's nodes), the draft, the prefix length before the step, expected
+        accepted at each bucket)."""
         prefix_len = self.cache.prefix_len.clone()
         with self.timer.range("draft"):
             draft = self.drafter.propose(self.root, self.num_generated)
         with self.timer.range("tree_build"):
-            tree = ops.tree_build(draft, self.root, self.cfg.budget)
+            tree = ops.tree_build(draft, self.root, self.cfg.budget, self._limit)
         _, _, depths, ranks, scores, visibility = tree
         factors = log_confidence(self._realised, self._predicted)
         expected = expected_accepted(scores, visibility, depths, ranks, factors).index_select(0, self._bucket_index)
@@ -278,7 +282,7 @@ class AutoBudgetDecoder(Decoder):
             if self.num_pending:
                 self._run(("catch_up", self.num_pending), functools.partial(self._catch_up_part, self.num_pending))
                 self.num_pending = 0
-            self._in_flight.send_costs(self.costs.predicted(), self._cost)
+            self._in_flight.send_inputs(self.costs.predicted(), self._cost, self.build_limit(), self._limit)
             start = self._in_flight.start()
             out = self._run(key, self._drafted_part)
             chosen = out.chosen
@@ -298,11 +302,22 @@ class AutoBudgetDecoder(Decoder):
                 self.costs.observe(budget, report.seconds)
             if not report.drafted:
                 continue
+            self.recent_choices.append(self.buckets[report.chosen])
             if report.chosen > 0:
                 self.track.backoff = 1
             elif self.ar_steps_left == 0:
                 self.ar_steps_left = self.track.backoff
                 self.track.backoff = min(2 * self.track.backoff, MAX_BACKOFF)
+
+    def build_limit(self) -> int:
+        """How many nodes the next drafted step builds: the smallest bucket at least twice the largest budget the
+        last LIMIT_WINDOW drafted steps chose (at least the smallest tree), MAX before any choice. A tree built
+        larger than the policy picks only costs its build; a choice that reaches the limit doubles the next one, so
+        the limit follows the choices up as fast as they grow."""
+        if not self.recent_choices:
+            return self.cfg.budget
+        wanted = max(2 * max(self.recent_choices), self.buckets[1])
+        return next((b for b in self.buckets if b >= wanted), self.cfg.budget)
 
     @property
     def num_generated_at_most(self) -> int:
@@ -361,6 +376,6 @@ class AutoBudgetDecoder(Decoder):
         factors = log_confidence(self._realised, self._predicted).exp().tolist()
         record.budget = self.last_choice = BudgetChoice(
             chosen=self.buckets[chosen], drafted=True, buckets=list(self.buckets), expected=st.expected.tolist(),
-            cost_s=self._cost.tolist(), value=st.value.tolist(), confidence=factors)
+            cost_s=self._cost.tolist(), value=st.value.tolist(), confidence=factors, built=int(self._limit))
         return record
 

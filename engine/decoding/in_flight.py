@@ -44,17 +44,21 @@ class InFlight:
         pinned = device.type == "cuda"
         self._reports = torch.zeros(self.ring, 2, dtype=torch.int64, pin_memory=pinned)  # (chosen, num_generated)
         self._costs = torch.zeros(self.ring, num_buckets, pin_memory=pinned)
+        self._limits = torch.zeros(self.ring, dtype=torch.int64, pin_memory=pinned)
         self._steps: deque[_Launched] = deque()
         self._num_launched = 0
 
     def __len__(self) -> int:
         return len(self._steps)
 
-    def send_costs(self, seconds: list[float], to: torch.Tensor) -> None:
-        """Copy the cost table into the device tensor the next drafted step reads, behind the work in flight."""
-        slot = self._costs[self._num_launched % self.ring]
-        slot.copy_(torch.tensor(seconds))
-        to.copy_(slot, non_blocking=True)
+    def send_inputs(self, seconds: list[float], costs_to: torch.Tensor, limit: int, limit_to: torch.Tensor) -> None:
+        """Copy the cost table and the tree's build limit into the device tensors the next drafted step reads,
+        behind the work in flight."""
+        slot = self._num_launched % self.ring
+        self._costs[slot].copy_(torch.tensor(seconds))
+        costs_to.copy_(self._costs[slot], non_blocking=True)
+        self._limits[slot] = limit
+        limit_to.copy_(self._limits[slot], non_blocking=True)
 
     def start(self):
         return self._mark()

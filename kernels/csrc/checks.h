@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ddtree {
@@ -52,6 +53,13 @@ inline void check_tree_build_args(const at::Tensor& draft_logprobs, const at::Te
   check_index_scalar(root_token, "root_token");
   check_same_device(root_token, draft_logprobs, "root_token", "draft_logprobs");
   TORCH_CHECK(budget >= 0 && budget <= kMaxBudget, "budget must be in [0, ", kMaxBudget, "], got ", budget);
+}
+
+// tree_build's optional budget_limit: a 0-dim int64 on the draft's device (its value is checked by the CPU op).
+inline void check_budget_limit(const std::optional<at::Tensor>& budget_limit, const at::Tensor& draft_logprobs) {
+  if (!budget_limit.has_value()) return;
+  check_index_scalar(*budget_limit, "budget_limit");
+  check_same_device(*budget_limit, draft_logprobs, "budget_limit", "draft_logprobs");
 }
 
 inline void check_verify_attn_args(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,

@@ -8,7 +8,8 @@
 TORCH_LIBRARY(ddtree, m) {
   m.set_python_module("kernels.ops");
   m.def(
-      "tree_build(Tensor draft_logprobs, Tensor root_token, int budget) -> (Tensor tokens, Tensor parents, "
+      "tree_build(Tensor draft_logprobs, Tensor root_token, int budget, Tensor? budget_limit=None) -> (Tensor tokens, "
+      "Tensor parents, "
       "Tensor depths, Tensor ranks, Tensor scores, Tensor visibility)");
   m.def(
       "verify_attn(Tensor q_lat, Tensor q_pe, Tensor ckv, Tensor kpe, Tensor prefix_len, Tensor block_mask, "

@@ -4,13 +4,15 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 
 #include "../tree_outputs.h"
 
 namespace ddtree::cpu {
 
-TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget);
+TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget,
+                            const std::optional<at::Tensor>& budget_limit);
 
 std::tuple<at::Tensor, at::Tensor> verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, const at::Tensor& ckv,
                                                const at::Tensor& kpe, const at::Tensor& prefix_len,

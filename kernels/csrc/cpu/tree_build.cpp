@@ -1,5 +1,5 @@
 // Best-first draft tree construction on the CPU (contract: kernels/ops.py): each depth's top K
-// (tree_topk.cpp), then the best-first heap over those L * K candidates.
+// (tree_topk.cpp), then the best-first heap over those L * K candidates, stopped after budget_limit pops.
 #include <algorithm>
 #include <limits>
 #include <queue>
@@ -34,8 +34,16 @@ struct PopsLater {
 
 }  // namespace
 
-TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
+TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget,
+                            const std::optional<at::Tensor>& budget_limit) {
   check_tree_build_args(draft_logprobs, root_token, budget);
+  check_budget_limit(budget_limit, draft_logprobs);
+  int64_t num_popped = budget;  // the nodes past the root that are built; the rest is padding
+  if (budget_limit.has_value()) {
+    num_popped = *budget_limit->const_data_ptr<int64_t>();
+    TORCH_CHECK(num_popped >= 0 && num_popped <= budget, "budget_limit must be in [0, budget = ", budget, "], got ",
+                num_popped);
+  }
   const int64_t num_depths = draft_logprobs.size(0);
   const int64_t vocab = draft_logprobs.size(1);
   const float* logprobs = draft_logprobs.const_data_ptr<float>();
@@ -70,7 +78,7 @@ TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& 
 
   std::priority_queue<Candidate, std::vector<Candidate>, PopsLater> heap;
   if (k > 0) heap.push({cand_logprobs[0], 1, 0, 0});
-  for (int64_t n = 1; n < num_nodes && !heap.empty(); ++n) {
+  for (int64_t n = 1; n <= num_popped && !heap.empty(); ++n) {
     const Candidate c = heap.top();
     heap.pop();
     const int64_t row = c.depth - 1;

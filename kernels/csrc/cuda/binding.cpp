@@ -89,9 +89,11 @@ at::Tensor workspace(const at::Tensor& like, size_t bytes) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
-TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget) {
+TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& root_token, int64_t budget,
+                            const std::optional<at::Tensor>& budget_limit) {
   constexpr const char* op = "tree_build";
   check_tree_build_args(draft_logprobs, root_token, budget);
+  check_budget_limit(budget_limit, draft_logprobs);
   check_on_cuda(draft_logprobs, op, "draft_logprobs");
   const int num_depths = as_int(draft_logprobs.size(0), op, "L (draft_logprobs.size(0))");
   const int64_t vocab = draft_logprobs.size(1);
@@ -114,6 +116,7 @@ TreeBuildOutputs tree_build(const at::Tensor& draft_logprobs, const at::Tensor& 
   args.num_depths = num_depths;
   args.vocab = static_cast<int>(vocab);
   args.budget = static_cast<int>(budget);
+  args.budget_limit = budget_limit.has_value() ? budget_limit->const_data_ptr<int64_t>() : nullptr;
   args.workspace = ws.mutable_data_ptr();
   args.tokens = tokens.mutable_data_ptr<int64_t>();
   args.parents = parents.mutable_data_ptr<int64_t>();

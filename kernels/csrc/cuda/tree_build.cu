@@ -28,15 +28,20 @@ size_t select_smem_bytes(int budget, int num_rows, int k) {
          threshold_smem_bytes(budget, num_rows) + static_cast<size_t>(num_rows) * k * sizeof(float);
 }
 
-// One block: the tree (the threshold build; the heap on warp 0 when heap_only or where the threshold build gives
-// up), the node arrays and the visibility rows (the matrix was zeroed by the top-k).
+// One block: the tree (the threshold build; the heap on warp 0 when heap_only, below kThresholdMinBudget pops or
+// where the threshold build gives up), the node arrays and the visibility rows (the matrix was zeroed by the
+// top-k). It pops `budget` nodes, min(B, budget_limit): the shared memory's layout for that many is a prefix of
+// the one for B, and the first n pops do not depend on K as long as K >= n (a rank-r node follows its r
+// siblings), so the top-k's K = min(B, V) serves every limit; the nodes after the pops are padding.
 __device__ __forceinline__ void select_tree(const SelectArgs& args, bool heap_only) {
   extern __shared__ uint64_t smem[];
   __shared__ int s_num_popped;
   __shared__ ThresholdShared threshold_shared;
   const TreeBuildArgs& out = args.out;
-  const int budget = out.budget;
-  const int num_nodes = budget + 1;
+  const int num_nodes = out.budget + 1;  // the outputs' length
+  const int64_t limit = out.budget_limit == nullptr ? out.budget : *out.budget_limit;
+  const int budget = static_cast<int>(limit < 0 ? 0 : (limit > out.budget ? out.budget : limit));
+  heap_only = heap_only || (out.method == TreeBuildMethod::kAuto && budget < kThresholdMinBudget);
   const int k = args.k;
   const int capacity = threshold_capacity(budget);
   HeapSmem heap;

@@ -42,6 +42,7 @@ struct TreeBuildArgs {
   int num_depths;               // L
   int vocab;                    // V
   int budget;                   // B
+  const int64_t* budget_limit;  // 0-dim on the device, or null: pop at most this many nodes (clamped to [0, B])
   void* workspace;              // TreeBuildWorkspaceBytes(L, V, B) bytes
   int64_t* tokens;              // [B+1]
   int64_t* parents;             // [B+1]
