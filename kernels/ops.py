@@ -36,14 +36,15 @@ kv_compact(ckv [num_layers, S, R], kpe [num_layers, S, P], prefix_len, path) -> 
 
 The budget policy's two ops (`--budget auto`) read a tree as tree_build returns it (scores [N] f32; parents, depths,
 ranks [N] i64) and the confidence tables realised, predicted [L + 1, C] f32 (a row per depth, a column per rank
-class; entries > 0). Node i's class is c_i = min(ranks[i], C - 1), its cell (depths[i], c_i).
+class; entries > 0, not checked: a 0 makes factors infinite or NaN). Node i's class is c_i = min(ranks[i], C - 1),
+its cell (depths[i], c_i). Each is one kernel launch (one block) on CUDA, for N <= 1025.
 budget_choose(scores, parents, depths, ranks, realised, predicted, buckets [K] i64, seconds [K] f32)
     -> chosen (0-dim i64), expected [K] f32, value [K] f32.
   factor[d, c] = log(realised[d, c] / predicted[d, c]) for d >= 1, factor[0, :] = 0; own_i = factor at i's cell.
   s_i = scores[i] + the sum of own_j over j = i and every ancestor of i; p_i = min(exp(s_i), 1) (NaN stays NaN;
   padding, score -inf: 0). expected[k] = p_0 + ... + p_b - 1 at b = buckets[k] (budgets in [0, N - 1]); value[k] =
   (1 + expected[k]) / seconds[k] (the step's predicted seconds at bucket k, > 0); chosen = the k of the largest
-  value, the smallest k on ties, never a NaN value's (0 if every value is NaN). One kernel launch on CUDA.
+  value, the smallest k on ties, never a NaN value's (0 if every value is NaN).
 confidence_learn(realised, predicted, parents, depths, ranks, scores, path [M] i64) -> None, realised and predicted
             in place.
   path is tree_accept's (the accepted nodes, then -1). For every node i with depths[i] > 0 and parent v: if v >= 0
