@@ -373,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{results['prefill_ms'] or 0:.1f} ms, median of {len(prefills)}), block size {plan.block_size}, "
              f"{plan.num_steps} timed steps per decoder, experts counted over {num_counted} more")
     columns = STEP_COLUMNS if shard is None else PARALLEL_STEP_COLUMNS
-    auto = auto_against_best(rows, choice_cost_us(device, len(buckets_up_to(max(plan.budgets)))))
+    auto = auto_against_best(rows, choice_cost_us(device, buckets_up_to(max(plan.budgets))))
     results["auto"] = auto
     tables = {"setup": setup, "steps": markdown_table(rows, columns), "speedup vs budget": speedup_chart(rows),
               "auto budget": markdown_table(auto, AUTO_COLUMNS), "experts": markdown_table(rows, EXPERT_COLUMNS)}

@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdict = (f"auto ({auto['budget']}): {ratio(auto['tokens_per_s'], best['tokens_per_s']):.3f}x the best fixed "
                f"budget's tokens/s (B = {best['budget']}), {ratio(auto['tokens_per_s'], chain['tokens_per_s']):.3f}x "
                f"the chain's; budgets chosen (B:steps) {auto['chosen']}; the choice is made on the device, "
-               f"{choice_cost_us(device, len(buckets_up_to(budgets[-1]))):.1f} us of device time a drafted step")
+               f"{choice_cost_us(device, buckets_up_to(budgets[-1]), block - 1):.1f} us of device time a drafted step")
     distinct = ar["distinct_4gram_rate"]
     setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "
              f"{training['final_val_loss']:.3f} nats/token at training) + {drafter_dir.name} (block {block}); "

@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import guarded
-from engine.decoding.budget import choose
+from engine.decoding.budget import choose, confidence_prior, learn_confidence
 from engine.decoding.decoder import Decoder
 from engine.timers import StepTimer
+from kernels import ops
 from kernels.graph_switch import graph_switch, side_stream
 
 CHUNK = 16  # steps timed between two reads of the committed count, past num_steps
@@ -146,25 +147,37 @@ def budget_policy(dec: Decoder, before: dict | None = None) -> dict | None:
             "total": dict(counts)}
 
 
-def choice_cost_us(device: torch.device, num_buckets: int, num_reps: int = 200) -> float:
-    """Device time one auto-budget choice adds to a drafted step, in us: on CUDA, graph replays of the choice and a
-    switch over num_buckets - 1 branches against the same graph with its one small kernel run directly (per step:
-    the choice's few kernels, the switch's setting kernel and its conditional node); on the CPU, the choice's ops."""
-    expected = torch.rand(num_buckets, device=device).cumsum(0)
-    seconds = torch.rand(num_buckets, device=device) + 1.0
+def choice_cost_us(device: torch.device, buckets: tuple[int, ...], num_depths: int = 7, num_reps: int = 200) -> float:
+    """Device time one auto-budget choice adds to a drafted step, in us: on CUDA, graph replays of the choice over a
+    tree built at the largest bucket, a switch over one branch per bucket and the confidence update in the branch,
+    against the same graph with its one small kernel run directly (per step: budget_choose, the switch's setting
+    kernel and its conditional node, confidence_learn); on the CPU, the same two ops."""
+    draft = torch.log_softmax(torch.randn(num_depths, 4096, device=device) * 3, -1)
+    tree = ops.tree_build(draft, torch.tensor(0, device=device), buckets[-1])
+    realised, predicted = confidence_prior(num_depths, device)
+    bucket_index = torch.tensor(buckets, device=device)
+    seconds = torch.rand(len(buckets), device=device).sort().values + 1.0
+    path = torch.full((num_depths + 1,), -1, device=device)
+    path[0] = 0
     x = torch.zeros(256, device=device)
     steps = 20  # per replay, so that the replay's own launch is spread thin
+
+    def learn() -> None:
+        x.add_(1)
+        learn_confidence(realised, predicted, tree.parents, tree.depths, tree.ranks, tree.scores, path)
+
     if device.type != "cuda":
         start = time.perf_counter()
         for _ in range(num_reps):
-            choose(expected, seconds)
+            choose(tree, realised, predicted, bucket_index, seconds)
+            learn_confidence(realised, predicted, tree.parents, tree.depths, tree.ranks, tree.scores, path)
         return (time.perf_counter() - start) / num_reps * 1e6
 
     stream = side_stream(device)  # made before any capture
 
     def chosen_step(pool):
-        index, _ = choose(expected, seconds)
-        graph_switch(index % (num_buckets - 1), [lambda: x.add_(1)] * (num_buckets - 1), pool, stream)
+        choice = choose(tree, realised, predicted, bucket_index, seconds)
+        graph_switch(choice.chosen, [learn] * len(buckets), pool, stream)
 
     graphs = []
     for body in (lambda pool: x.add_(1), chosen_step):

@@ -37,10 +37,30 @@ tree_accept(tokens [N], parents [N], target [N] i64, max_depth) -> path [max_dep
 kv_compact(ckv [num_layers, S, R], kpe [num_layers, S, P], prefix_len, path) -> None, in place.
   For each i before the first -1 in path: row prefix_len + path[i] -> row prefix_len + i in every layer.
 
-Value checks (NaN in the draft, prefix_len + N <= S, a well-formed path) raise on the CPU. The CUDA ops
-cannot raise on values without a host sync, so there NaN ranks like -inf, prefix_len is clamped into
-[0, S - N], malformed path entries are skipped and tree_accept stops when the path is full; the engine
-checks the step's results when it reads its record.
+The budget policy's two ops (`--budget auto`) read a tree as tree_build returns it (scores [N] f32; parents, depths,
+ranks [N] i64) and the confidence tables realised, predicted [L + 1, C] f32 (a row per depth, a column per rank
+class; entries > 0, not checked: a 0 makes factors infinite or NaN). Node i's class is c_i = min(ranks[i], C - 1),
+its cell (depths[i], c_i). Each is one kernel launch (one block) on CUDA, for N <= 1025.
+budget_choose(scores, parents, depths, ranks, realised, predicted, buckets [K] i64, seconds [K] f32)
+    -> chosen (0-dim i64), expected [K] f32, value [K] f32.
+  factor[d, c] = log(realised[d, c] / predicted[d, c]) for d >= 1, factor[0, :] = 0; own_i = factor at i's cell.
+  s_i = scores[i] + the sum of own_j over j = i and every ancestor of i; p_i = min(exp(s_i), 1) (NaN stays NaN;
+  padding, score -inf: 0). expected[k] = p_0 + ... + p_b - 1 at b = buckets[k] (budgets in [0, N - 1]); value[k] =
+  (1 + expected[k]) / seconds[k] (the step's predicted seconds at bucket k, > 0); chosen = the k of the largest
+  value, the smallest k on ties, never a NaN value's (0 if every value is NaN).
+confidence_learn(realised, predicted, parents, depths, ranks, scores, path [M] i64) -> None, realised and predicted
+            in place.
+  path is tree_accept's (the accepted nodes, then -1). For every node i with depths[i] > 0 and parent v: if v >= 0
+  is on the path, predicted[cell_i] += exp(scores[i] - scores[v]); if i is on the path, realised[cell_i] += 1.
+  On CUDA the float sums are added with atomics, in an order that is not fixed.
+
+Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
+depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0) raise on the CPU. The CUDA ops cannot
+raise on values without a host sync, so there NaN ranks like -inf, prefix_len is clamped into [0, S - N],
+malformed path entries are skipped and tree_accept stops when the path is full; in the budget ops a parent not in
+[-1, i) counts as -1, a node at a depth outside [0, L + 1) has no cell (own 0, learns nothing), a negative rank is
+class 0, a bucket is clamped into [0, N - 1], a NaN score's p is NaN and seconds divide as IEEE floats do. The
+engine checks the step's results when it reads its record.
 """
 
 from __future__ import annotations
@@ -74,6 +94,12 @@ class Acceptance(NamedTuple):
     bonus: Tensor  # 0-dim int64
 
 
+class BucketChoice(NamedTuple):
+    chosen: Tensor  # 0-dim int64: the index into buckets
+    expected: Tensor  # [K] float32: expected accepted drafted tokens at each bucket
+    value: Tensor  # [K] float32: (1 + expected) / seconds
+
+
 def tree_build(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit: Tensor | None = None
                ) -> BuiltTree:
     """Best-first draft tree of budget+1 nodes (root first) from per-depth draft log-probabilities; with a
@@ -97,6 +123,22 @@ def tree_accept(tokens: Tensor, parents: Tensor, target: Tensor, max_depth: int)
 def kv_compact(ckv: Tensor, kpe: Tensor, prefix_len: Tensor, path: Tensor) -> None:
     """Move the accepted path's cache rows to prefix_len, prefix_len+1, ... in every layer (in place)."""
     _ops().kv_compact(ckv, kpe, prefix_len, path)
+
+
+def budget_choose(
+    scores: Tensor, parents: Tensor, depths: Tensor, ranks: Tensor, realised: Tensor, predicted: Tensor,
+    buckets: Tensor, seconds: Tensor,
+) -> BucketChoice:
+    """The bucket whose truncation of the tree has the most expected tokens per second, after the confidence
+    correction; on the tensors' device with no host sync."""
+    return BucketChoice(*_ops().budget_choose(scores, parents, depths, ranks, realised, predicted, buckets, seconds))
+
+
+def confidence_learn(
+    realised: Tensor, predicted: Tensor, parents: Tensor, depths: Tensor, ranks: Tensor, scores: Tensor, path: Tensor
+) -> None:
+    """Add one verified tree's realised and predicted acceptance to the confidence tables (in place)."""
+    _ops().confidence_learn(realised, predicted, parents, depths, ranks, scores, path)
 
 
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
@@ -124,10 +166,19 @@ def _kv_compact_fake(ckv, kpe, prefix_len, path):
     return None
 
 
+def _budget_choose_fake(scores, parents, depths, ranks, realised, predicted, buckets, seconds):
+    return buckets.new_empty(()), torch.empty_like(seconds), torch.empty_like(seconds)
+
+
+def _confidence_learn_fake(realised, predicted, parents, depths, ranks, scores, path):
+    return None
+
+
 @functools.cache
 def _register_fakes() -> None:
     for name, fake in (("tree_build", _tree_build_fake), ("verify_attn", _verify_attn_fake),
-                       ("tree_accept", _tree_accept_fake), ("kv_compact", _kv_compact_fake)):
+                       ("tree_accept", _tree_accept_fake), ("kv_compact", _kv_compact_fake),
+                       ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake)):
         torch.library.register_fake(f"ddtree::{name}", fake)
 
 

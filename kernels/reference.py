@@ -102,3 +102,45 @@ def kv_compact(ckv: Tensor, kpe: Tensor, prefix_len: Tensor, path: Tensor) -> No
             break
         ckv[:, prefix + i] = ckv[:, prefix + node].clone()
         kpe[:, prefix + i] = kpe[:, prefix + node].clone()
+
+
+def _cells(depths: Tensor, ranks: Tensor, num_classes: int) -> tuple[list[int], list[int]]:
+    return depths.tolist(), [min(r, num_classes - 1) for r in ranks.tolist()]
+
+
+def budget_choose(
+    scores: Tensor, parents: Tensor, depths: Tensor, ranks: Tensor, realised: Tensor, predicted: Tensor,
+    buckets: Tensor, seconds: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    factor = (realised / predicted).log()
+    factor[0] = 0
+    rows, classes = _cells(depths, ranks, factor.shape[1])
+    own = [factor[d, c] for d, c in zip(rows, classes, strict=True)]
+    parents_l = parents.tolist()
+    accept = []
+    for i in range(len(parents_l)):
+        path, j = torch.tensor(0.0), i
+        while j != -1:
+            path, j = path + own[j], parents_l[j]
+        accept.append((scores[i] + path).exp().clamp(max=1.0))  # clamp keeps NaN
+    expected = (torch.stack(accept).cumsum(0) - 1.0)[buckets]
+    value = (1.0 + expected) / seconds
+    values = value.tolist()
+    numbers = [k for k, v in enumerate(values) if v == v]  # NaN != NaN
+    chosen = min(numbers, key=lambda k: (-values[k], k)) if numbers else 0
+    return torch.tensor(chosen), expected, value
+
+
+def confidence_learn(
+    realised: Tensor, predicted: Tensor, parents: Tensor, depths: Tensor, ranks: Tensor, scores: Tensor, path: Tensor
+) -> None:
+    on_path = {node for node in path.tolist() if node != -1}
+    rows, classes = _cells(depths, ranks, realised.shape[1])
+    for i, v in enumerate(parents.tolist()):
+        d, c = rows[i], classes[i]
+        if d == 0:
+            continue
+        if v >= 0 and v in on_path:
+            predicted[d, c] += (scores[i] - scores[v]).exp()
+        if i in on_path:
+            realised[d, c] += 1.0

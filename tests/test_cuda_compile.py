@@ -58,7 +58,8 @@ def builds():
 
 def test_every_op_has_a_cuda_source():
     names = {p.name for p in SOURCES}
-    assert {"tree_build.cu", "verify_attn.cu", "tree_accept.cu", "kv_compact.cu"} <= names
+    assert {"tree_build.cu", "verify_attn.cu", "tree_accept.cu", "kv_compact.cu", "budget_choose.cu",
+            "confidence_learn.cu"} <= names
     assert (CUDA_DIR / "binding.cpp").exists()
 
 

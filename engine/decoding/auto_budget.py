@@ -35,14 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import DecodeConfig, buckets_up_to
-from engine.decoding.budget import (
-    CostTable,
-    choose,
-    confidence_prior,
-    expected_accepted,
-    learn_confidence,
-    log_confidence,
-)
+from engine.decoding.budget import CostTable, choose, confidence_prior, learn_confidence, log_confidence
 from engine.decoding.decoder import DecodeError, Decoder, _StepTensors
 from engine.decoding.in_flight import InFlight
 from engine.decoding.trees import root_tree
@@ -73,9 +66,9 @@ class DrafterTrack:
 
 @dataclass(slots=True)
 class DraftedStep:
-    """A drafted step's device results: the verify of every bucket b >= 1 (only the chosen one ran; outputs[i] is
-    bucket i + 1's, None where an eager step did not run it), the chosen bucket's index (0: an AR step was best) and
-    the curves it was read from."""
+    """A drafted step's device results: the verify of every bucket (only the chosen one ran; outputs[i] is bucket
+    i's, None where an eager step did not run it; bucket 0's verifies the smallest tree), the chosen bucket's index
+    (0: an AR step was best) and the curves it was read from."""
 
     outputs: list[_StepTensors | None]
     chosen: torch.Tensor  # 0-dim int64
@@ -83,7 +76,7 @@ class DraftedStep:
     value: torch.Tensor  # [num_buckets] (1 + expected) / cost: expected tokens per second
 
     def verified(self, chosen: int) -> _StepTensors:
-        return self.outputs[max(chosen, 1) - 1]
+        return self.outputs[chosen]
 
 
 # The cost table per model and decode setting, calibrated once per process, and each drafter's track per model
@@ -189,34 +182,31 @@ class AutoBudgetDecoder(Decoder):
             torch.cuda.synchronize(self.model.device)
 
     # -- the step's device work --------------------------------------------------------------------
-    def _draft_part(self) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(the tree (MAX's shapes, the build limit's nodes), the draft, the prefix length before the step, expected
-        accepted at each bucket)."""
+    def _draft_part(self) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+        """(the tree (MAX's shapes, the build limit's nodes), the draft, the prefix length before the step)."""
         prefix_len = self.cache.prefix_len.clone()
         with self.timer.range("draft"):
             draft = self.drafter.propose(self.root, self.num_generated)
         with self.timer.range("tree_build"):
             tree = ops.tree_build(draft, self.root, self.cfg.budget, self._limit)
-        _, _, depths, ranks, scores, visibility = tree
-        factors = log_confidence(self._realised, self._predicted)
-        expected = expected_accepted(scores, visibility, depths, ranks, factors).index_select(0, self._bucket_index)
-        return tuple(tree), draft, prefix_len, expected
+        return tuple(tree), draft, prefix_len
 
     def _drafted_part(self) -> DraftedStep:
         """Draft, choose (on the device) and verify the chosen truncation: inside a graph capture a switch over every
-        bucket's verify, eagerly the chosen one after reading its index."""
-        tree, draft, prefix_len, expected = self._draft_part()
-        chosen, value = choose(expected, self._cost)
-        chosen = self._agreed(chosen)
-        branches = [functools.partial(self._verify_part, prefix_len, tree, draft, b) for b in self.buckets[1:]]
-        verify_index = chosen.clamp(min=1) - 1  # b = 0: the smallest tree, so the calibration keeps learning
+        bucket's verify, eagerly the chosen one after reading its index. Bucket 0's branch verifies the smallest tree
+        (so the calibration keeps learning), so the choice's index picks the branch as it is."""
+        tree, draft, prefix_len = self._draft_part()
+        choice = choose(tree, self._realised, self._predicted, self._bucket_index, self._cost)
+        chosen = self._agreed(choice.chosen)
+        branches = [functools.partial(self._verify_part, prefix_len, tree, draft, max(b, self.buckets[1]))
+                    for b in self.buckets]
         if self._capture_pool is not None:
-            outputs = graph_switch(verify_index, branches, self._capture_pool, self._side)
+            outputs = graph_switch(chosen, branches, self._capture_pool, self._side)
         else:
             outputs = [None] * len(branches)
-            i = int(verify_index)
+            i = int(chosen)
             outputs[i] = branches[i]()
-        return DraftedStep(outputs, chosen, expected, value)
+        return DraftedStep(outputs, chosen, choice.expected, choice.value)
 
     def _verify_part(self, prefix_len: torch.Tensor, tree: tuple[torch.Tensor, ...], draft: torch.Tensor,
                      budget: int) -> _StepTensors:

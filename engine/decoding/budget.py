@@ -7,40 +7,26 @@ expected number of accepted drafted tokens of the truncation at b is a prefix su
 divides (1 + expected accepted) by the step's cost at b, measured per budget bucket (a calibration at start-up,
 brought to the run's level by its own steps: CostTable), and verifies the best bucket, b = 0 (an AR step) included.
 The drafter's over- or under-confidence is corrected per depth and rank class by the running ratio of realised to
-predicted acceptance (learn_confidence), kept on the device.
+predicted acceptance (learn_confidence), kept on the device. The per-step arithmetic is two ops of the library
+(kernels/ops.py: budget_choose, confidence_learn), one kernel each on CUDA.
 
 Any tree is lossless: the policy changes how many tokens a step commits, never which.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from kernels import ops
 
 COST_SMOOTHING = 0.2  # the weight of a step's time in its bucket's running excess (CostTable)
 WEIGHT_DECAY = 0.05  # per step of a kind, the decay of its buckets' step counts: about the last 20 steps count
 OWN_STEPS = 4.0  # a bucket's own excess counts half against its kind's once it has this many recent steps
 PRIOR_TRIALS = 1.0  # pseudo-trials of ratio 1 behind each confidence factor before the run has evidence
 RANK_CLASSES = 2  # confidence is corrected apart for the drafter's top token at a depth (rank 0) and the others
-
-
-def path_sums(values: torch.Tensor, visibility: torch.Tensor) -> torch.Tensor:
-    """[N] -> [N]: each node's value plus its ancestors', as the tree's visibility mask (node i sees itself and its
-    ancestors) times the values: one small matrix-vector product, no host sync, no loop over nodes."""
-    return torch.mv(visibility.to(values.dtype), values)
-
-
-def expected_accepted(scores: torch.Tensor, visibility: torch.Tensor, depths: torch.Tensor, ranks: torch.Tensor,
-                      log_factors: torch.Tensor) -> torch.Tensor:
-    """[B + 1] -> [B + 1]: entry b is the expected number of accepted drafted tokens when the first b + 1 nodes are
-    verified. A node's path is accepted with probability exp(score) (the drafter's marginals along it), corrected by
-    log_factors [L + 1, RANK_CLASSES] (row 0, the root's, all 0: log_confidence's) for every node of the path at its
-    depth and rank class, capped at 1. The root (node 0, probability 1) is not counted. On the device, no host
-    sync."""
-    own = log_factors[depths, (ranks > 0).long()]
-    p = (scores + path_sums(own, visibility)).exp().clamp(max=1.0)  # padding nodes: score -inf, p = 0
-    return p.cumsum(0) - 1.0
 
 
 def confidence_prior(num_depths: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +36,8 @@ def confidence_prior(num_depths: int, device: torch.device) -> tuple[torch.Tenso
 
 
 def log_confidence(realised: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
-    """[L + 1, RANK_CLASSES] log(realised / predicted), the root's row 0: what expected_accepted takes."""
+    """[L + 1, RANK_CLASSES] log(realised / predicted), the root's row 0: the correction choose applies (the op
+    computes it itself; this is the records' copy)."""
     out = (realised / predicted).log()
     out[0] = 0
     return out
@@ -58,20 +45,12 @@ def log_confidence(realised: torch.Tensor, predicted: torch.Tensor) -> torch.Ten
 
 def learn_confidence(realised: torch.Tensor, predicted: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                      ranks: torch.Tensor, scores: torch.Tensor, path: torch.Tensor) -> None:
-    """Add one verified tree's evidence, in place and on the device (no host sync). At each depth d the accepted
-    path reached d - 1 at node v = path[d - 1]; v's children are that depth's trial per rank class: the drafter
-    predicts one of them is accepted with their summed conditional probability exp(score_child - score_v), and the
-    run realises 1 for the class of the child the path took (path[d]), if any. path is tree_accept's: the accepted
-    nodes, then -1."""
-    nodes = torch.arange(parents.shape[0], device=parents.device)
-    on_path = (nodes[:, None] == path[None, :]).any(1)  # [N] (path's -1 padding matches no node)
-    parent = parents.clamp(min=0)
-    under_path = on_path[parent] & (parents >= 0)  # the node's parent is on the path
-    taken = on_path & (depths > 0)
-    cell = depths * RANK_CLASSES + (ranks > 0).long()
-    conditional = (scores - scores[parent]).exp()
-    predicted.view(-1).index_add_(0, cell, conditional * under_path)
-    realised.view(-1).index_add_(0, cell, taken.to(realised.dtype))
+    """Add one verified tree's evidence, in place and on the device (ops.confidence_learn, one kernel). At each depth
+    d the accepted path reached d - 1 at node v = path[d - 1]; v's children are that depth's trial per rank class:
+    the drafter predicts one of them is accepted with their summed conditional probability exp(score_child -
+    score_v), and the run realises 1 for the class of the child the path took (path[d]), if any. path is
+    tree_accept's: the accepted nodes, then -1."""
+    ops.confidence_learn(realised, predicted, parents, depths, ranks, scores, path)
 
 
 @dataclass
@@ -139,9 +118,13 @@ def isotonic(values: list[float]) -> list[float]:
     return [m for m, n in blocks for _ in range(int(n))]
 
 
-def choose(expected_at_buckets: torch.Tensor, seconds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the index of the bucket with the most expected tokens per second as a 0-dim int64, and those tokens per
-    second (1 + expected) / seconds at every bucket), on the tensors' device with no host sync. Ties go to the
-    smaller budget (argmax takes the first maximum)."""
-    value = (1.0 + expected_at_buckets) / seconds
-    return value.argmax(), value
+def choose(tree: Sequence[torch.Tensor], realised: torch.Tensor, predicted: torch.Tensor, buckets: torch.Tensor,
+           seconds: torch.Tensor) -> ops.BucketChoice:
+    """The bucket whose truncation of the tree (ops.tree_build's outputs) has the most expected tokens per second:
+    (its index, 0-dim int64; the expected accepted drafted tokens at every bucket; (1 + expected) / seconds), on the
+    device with no host sync, in one kernel (ops.budget_choose). Node i's path is accepted with probability
+    exp(score_i) corrected by log_confidence(realised, predicted) at every node of the path (by depth and rank
+    class), capped at 1; the expected accepted tokens at b are the sum over nodes 1..b. Ties go to the smaller
+    budget."""
+    _, parents, depths, ranks, scores, _ = tree
+    return ops.budget_choose(scores, parents, depths, ranks, realised, predicted, buckets, seconds)

@@ -139,4 +139,69 @@ inline void check_kv_compact_args(const at::Tensor& ckv, const at::Tensor& kpe, 
   check_same_device(path, ckv, "path", "ckv");
 }
 
+// The tree of the budget policy's ops: tree_build's scores [N] f32 and parents, depths, ranks [N] i64.
+inline void check_budget_tree_args(const at::Tensor& scores, const at::Tensor& parents, const at::Tensor& depths,
+                                   const at::Tensor& ranks) {
+  check_dtype(scores, at::kFloat, "scores");
+  check_dtype(parents, at::kLong, "parents");
+  check_dtype(depths, at::kLong, "depths");
+  check_dtype(ranks, at::kLong, "ranks");
+  check_shape(scores, 1, "scores", "[N]");
+  TORCH_CHECK(scores.size(0) >= 1, "scores must hold at least the root node, got shape ", scores.sizes());
+  TORCH_CHECK(parents.sizes() == scores.sizes() && depths.sizes() == scores.sizes() && ranks.sizes() == scores.sizes(),
+              "scores, parents, depths and ranks must all be [N] (tree_build's outputs), got ", scores.sizes(), ", ",
+              parents.sizes(), ", ", depths.sizes(), " and ", ranks.sizes());
+  check_contiguous(scores, "scores");
+  check_contiguous(parents, "parents");
+  check_contiguous(depths, "depths");
+  check_contiguous(ranks, "ranks");
+  check_same_device(parents, scores, "parents", "scores");
+  check_same_device(depths, scores, "depths", "scores");
+  check_same_device(ranks, scores, "ranks", "scores");
+}
+
+// The confidence tables realised, predicted [L + 1, C] f32: one row per depth, one column per rank class.
+inline void check_confidence_tables(const at::Tensor& realised, const at::Tensor& predicted, const at::Tensor& scores) {
+  check_dtype(realised, at::kFloat, "realised");
+  check_dtype(predicted, at::kFloat, "predicted");
+  check_shape(realised, 2, "realised", "[L + 1, C]");
+  TORCH_CHECK(realised.size(0) >= 1 && realised.size(1) >= 1,
+              "realised [L + 1, C] needs at least one depth row and one rank class, got shape ", realised.sizes());
+  TORCH_CHECK(predicted.sizes() == realised.sizes(), "predicted must have realised's shape [L + 1, C] = ",
+              realised.sizes(), ", got ", predicted.sizes());
+  check_contiguous(realised, "realised");
+  check_contiguous(predicted, "predicted");
+  check_same_device(realised, scores, "realised", "scores");
+  check_same_device(predicted, scores, "predicted", "scores");
+}
+
+inline void check_budget_choose_args(const at::Tensor& scores, const at::Tensor& parents, const at::Tensor& depths,
+                                     const at::Tensor& ranks, const at::Tensor& realised,
+                                     const at::Tensor& predicted, const at::Tensor& buckets,
+                                     const at::Tensor& seconds) {
+  check_budget_tree_args(scores, parents, depths, ranks);
+  check_confidence_tables(realised, predicted, scores);
+  check_dtype(buckets, at::kLong, "buckets");
+  check_dtype(seconds, at::kFloat, "seconds");
+  check_shape(buckets, 1, "buckets", "[K]");
+  TORCH_CHECK(buckets.size(0) >= 1, "buckets must list at least one budget, got shape ", buckets.sizes());
+  TORCH_CHECK(seconds.sizes() == buckets.sizes(), "seconds must be [K], one per bucket, with K = buckets.size(0) = ",
+              buckets.size(0), ", got ", seconds.sizes());
+  check_contiguous(buckets, "buckets");
+  check_contiguous(seconds, "seconds");
+  check_same_device(buckets, scores, "buckets", "scores");
+  check_same_device(seconds, scores, "seconds", "scores");
+}
+
+inline void check_confidence_learn_args(const at::Tensor& realised, const at::Tensor& predicted,
+                                        const at::Tensor& parents, const at::Tensor& depths, const at::Tensor& ranks,
+                                        const at::Tensor& scores, const at::Tensor& path) {
+  check_budget_tree_args(scores, parents, depths, ranks);
+  check_confidence_tables(realised, predicted, scores);
+  check_dtype(path, at::kLong, "path");
+  check_shape(path, 1, "path", "[max_depth + 1]");
+  check_contiguous(path, "path");
+  check_same_device(path, scores, "path", "scores");
+}
+
 }  // namespace ddtree

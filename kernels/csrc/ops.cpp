@@ -18,6 +18,13 @@ TORCH_LIBRARY(ddtree, m) {
       "tree_accept(Tensor tokens, Tensor parents, Tensor target, int max_depth) -> (Tensor path, Tensor path_len, "
       "Tensor bonus)");
   m.def("kv_compact(Tensor(a!) ckv, Tensor(b!) kpe, Tensor prefix_len, Tensor path) -> ()");
+  // The budget policy's bookkeeping of a drafted step (`--budget auto`): the choice and the confidence update.
+  m.def(
+      "budget_choose(Tensor scores, Tensor parents, Tensor depths, Tensor ranks, Tensor realised, Tensor predicted, "
+      "Tensor buckets, Tensor seconds) -> (Tensor chosen, Tensor expected, Tensor value)");
+  m.def(
+      "confidence_learn(Tensor(a!) realised, Tensor(b!) predicted, Tensor parents, Tensor depths, Tensor ranks, "
+      "Tensor scores, Tensor path) -> ()");
   // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
   m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");
@@ -30,4 +37,6 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("verify_attn", &ddtree::cpu::verify_attn);
   m.impl("tree_accept", &ddtree::cpu::tree_accept);
   m.impl("kv_compact", &ddtree::cpu::kv_compact);
+  m.impl("budget_choose", &ddtree::cpu::budget_choose);
+  m.impl("confidence_learn", &ddtree::cpu::confidence_learn);
 }

@@ -23,4 +23,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_accept(const at::Tensor& tok
 
 void kv_compact(const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& path);
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> budget_choose(const at::Tensor& scores, const at::Tensor& parents,
+                                                             const at::Tensor& depths, const at::Tensor& ranks,
+                                                             const at::Tensor& realised, const at::Tensor& predicted,
+                                                             const at::Tensor& buckets, const at::Tensor& seconds);
+
+void confidence_learn(const at::Tensor& realised, const at::Tensor& predicted, const at::Tensor& parents,
+                      const at::Tensor& depths, const at::Tensor& ranks, const at::Tensor& scores,
+                      const at::Tensor& path);
+
 }  // namespace ddtree::cpu

@@ -27,6 +27,8 @@
 
 #include "../checks.h"
 #include "../tree_outputs.h"
+#include "budget_choose.cuh"
+#include "confidence_learn.cuh"
 #include "graph_switch.cuh"
 #include "kv_compact.cuh"
 #include "tree_accept.cuh"
@@ -276,6 +278,62 @@ void kv_compact(const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& 
   check_launch(KvCompact(args, c10::cuda::getCurrentCUDAStream()), op);
 }
 
+// The tree and tables of the budget ops, checked for the kernels: one block holds the tree, the cells index an int.
+BudgetTree budget_tree(const at::Tensor& scores, const at::Tensor& parents, const at::Tensor& depths,
+                       const at::Tensor& ranks, const at::Tensor& realised, const char* op) {
+  check_on_cuda(scores, op, "scores");
+  TORCH_CHECK(scores.size(0) <= kBudgetMaxNodes, op, " (CUDA): N = ", scores.size(0), " nodes is above the kernel's ",
+              "limit of ", kBudgetMaxNodes, " (a tree of budget 1024): use the CPU op");
+  as_int(realised.numel(), op, "the confidence tables' size (realised.numel())");
+  BudgetTree tree{};
+  tree.scores = scores.const_data_ptr<float>();
+  tree.parents = parents.const_data_ptr<int64_t>();
+  tree.depths = depths.const_data_ptr<int64_t>();
+  tree.ranks = ranks.const_data_ptr<int64_t>();
+  tree.num_nodes = static_cast<int>(scores.size(0));
+  tree.num_depths = static_cast<int>(realised.size(0));
+  tree.num_classes = static_cast<int>(realised.size(1));
+  return tree;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> budget_choose(const at::Tensor& scores, const at::Tensor& parents,
+                                                             const at::Tensor& depths, const at::Tensor& ranks,
+                                                             const at::Tensor& realised, const at::Tensor& predicted,
+                                                             const at::Tensor& buckets, const at::Tensor& seconds) {
+  constexpr const char* op = "budget_choose";
+  check_budget_choose_args(scores, parents, depths, ranks, realised, predicted, buckets, seconds);
+  BudgetChooseArgs args{};
+  args.tree = budget_tree(scores, parents, depths, ranks, realised, op);
+  const c10::cuda::CUDAGuard guard(scores.device());
+  at::Tensor chosen = at::empty({}, buckets.options());
+  at::Tensor expected = at::empty_like(seconds);
+  at::Tensor value = at::empty_like(seconds);
+  args.realised = realised.const_data_ptr<float>();
+  args.predicted = predicted.const_data_ptr<float>();
+  args.buckets = buckets.const_data_ptr<int64_t>();
+  args.seconds = seconds.const_data_ptr<float>();
+  args.num_buckets = as_int(buckets.size(0), op, "K (buckets.size(0))");
+  args.chosen = chosen.mutable_data_ptr<int64_t>();
+  args.expected = expected.mutable_data_ptr<float>();
+  args.value = value.mutable_data_ptr<float>();
+  check_launch(BudgetChoose(args, c10::cuda::getCurrentCUDAStream()), op);
+  return {chosen, expected, value};
+}
+
+void confidence_learn(const at::Tensor& realised, const at::Tensor& predicted, const at::Tensor& parents,
+                      const at::Tensor& depths, const at::Tensor& ranks, const at::Tensor& scores,
+                      const at::Tensor& path) {
+  constexpr const char* op = "confidence_learn";
+  check_confidence_learn_args(realised, predicted, parents, depths, ranks, scores, path);
+  ConfidenceLearnArgs args{};
+  args.tree = budget_tree(scores, parents, depths, ranks, realised, op);
+  const c10::cuda::CUDAGuard guard(scores.device());
+  args.realised = realised.mutable_data_ptr<float>();
+  args.predicted = predicted.mutable_data_ptr<float>();
+  args.path = path.const_data_ptr<int64_t>();
+  args.path_size = as_int(path.size(0), op, "M (path.size(0))");
+  check_launch(ConfidenceLearn(args, c10::cuda::getCurrentCUDAStream()), op);
+}
 
 // -- graph switches: capture helpers for kernels/graph_switch.py (design: graph_switch.cuh) --------------------
 //
@@ -413,6 +471,8 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("verify_attn", &ddtree::cuda::verify_attn);
   m.impl("tree_accept", &ddtree::cuda::tree_accept);
   m.impl("kv_compact", &ddtree::cuda::kv_compact);
+  m.impl("budget_choose", &ddtree::cuda::budget_choose);
+  m.impl("confidence_learn", &ddtree::cuda::confidence_learn);
   m.impl("graph_switch_begin", &ddtree::cuda::graph_switch_begin);
   m.impl("graph_branch_begin", &ddtree::cuda::graph_branch_begin);
   m.impl("graph_branch_end", &ddtree::cuda::graph_branch_end);
