@@ -104,6 +104,11 @@ def test_cost_table_refuses_bad_times_and_follows_measurements():
         table.observe(8, 3.0)
     table.observe(8, float("nan"))  # a broken timing is ignored
     assert table.predicted() == pytest.approx([1.0, 3.0], rel=1e-3), "the AR step's kind has seen no step"
+    steady = CostTable((0, 8), [1.0, 1.0])
+    for _ in range(30):
+        steady.observe(8, 1.5)
+    steady.observe(8, 100.0)  # one stall (a graph's upload, the host away) moves the prediction by a bounded step
+    assert 1.5 < steady.predicted()[1] < 2.0
 
 
 def test_buckets_not_chosen_rise_with_the_run_not_stay_at_the_calibration():

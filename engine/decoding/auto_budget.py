@@ -50,6 +50,7 @@ from kernels.graph_switch import graph_switch, side_stream
 # Kimi-K2 width), so with a drafter that never hits the probes cost about 1% of the steps at this spacing.
 MAX_BACKOFF = 256
 CALIBRATION_REPEATS = 3  # timed rounds over the buckets at start-up (after one untimed), the median of each kept
+CALIBRATION_REPLAYS = 4  # on a GPU, back-to-back runs per bucket and round, their median its time
 MAX_IN_FLIGHT = 2  # steps the host may launch ahead of the last one whose choice it has read
 LIMIT_WINDOW = 8  # drafted steps whose choices set the next tree's build limit (build_limit)
 
@@ -133,6 +134,7 @@ class AutoBudgetDecoder(Decoder):
         self._pending_len = torch.zeros((), dtype=torch.int64, device=dev)
         self._pending_path = torch.arange(MAX_BACKOFF, device=dev)
         self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
+        self._replayed: set[object] = set()  # the graphs replayed at least once
         self._graph_out: dict[object, object] = {}
         self._to_capture: list[object] = []
         self._capture_pool: tuple[int, int] | None = None  # the memory pool of the graph being captured
@@ -171,11 +173,21 @@ class AutoBudgetDecoder(Decoder):
         return graph.replay
 
     def _time(self, fn) -> float:
+        """Seconds of one run of fn: on a GPU the median of CALIBRATION_REPLAYS back-to-back runs timed by CUDA
+        events (device time, as the decode's steps are timed, not the host's launch and wait); on the CPU one run."""
         self._sync()
-        start = time.perf_counter()
-        fn()
+        if self.model.device.type != "cuda":
+            start = time.perf_counter()
+            fn()
+            return max(time.perf_counter() - start, 1e-9)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(CALIBRATION_REPLAYS)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
         self._sync()
-        return max(time.perf_counter() - start, 1e-9)
+        return max(statistics.median(start.elapsed_time(end) for start, end in events) / 1e3, 1e-9)
 
     def _sync(self) -> None:
         if self.model.device.type == "cuda":
@@ -248,6 +260,7 @@ class AutoBudgetDecoder(Decoder):
         this step when CUDA graphs are on and the inputs it reads are a captured graph's static buffers)."""
         if key in self._graphs:
             self._graphs[key].replay()
+            self._replayed.add(key)
             return self._graph_out[key]
         if self.cuda_graph and (key in ("draft", "ar") or "draft" in self._graphs):
             self._to_capture.append((key, fn))
@@ -261,7 +274,7 @@ class AutoBudgetDecoder(Decoder):
         verify ran is on the device)."""
         self._read_reports(wait_for=len(self._in_flight) - MAX_IN_FLIGHT + 1)
         key = "ar" if self.ar_steps_left > 0 else "draft"
-        as_decoded = not self.cuda_graph or key in self._graphs
+        as_decoded = not self.cuda_graph or key in self._replayed  # a graph's first replay uploads it: not a cost
         chosen = None
         if self.ar_steps_left > 0:
             self.ar_steps_left -= 1

@@ -25,6 +25,7 @@ from kernels import ops
 COST_SMOOTHING = 0.2  # the weight of a step's time in its bucket's running excess (CostTable)
 WEIGHT_DECAY = 0.05  # per step of a kind, the decay of its buckets' step counts: about the last 20 steps count
 OWN_STEPS = 4.0  # a bucket's own excess counts half against its kind's once it has this many recent steps
+OUTLIER_FACTOR = 2.0  # a step time above this many times its bucket's prediction is taken in at that bound
 PRIOR_TRIALS = 1.0  # pseudo-trials of ratio 1 behind each confidence factor before the run has evidence
 RANK_CLASSES = 2  # confidence is corrected apart for the drafter's top token at a depth (rank 0) and the others
 
@@ -81,6 +82,7 @@ class CostTable:
         if not (math.isfinite(seconds) and seconds > 0):
             return  # a broken timing must not poison the table
         i = self.buckets.index(budget)
+        seconds = min(seconds, OUTLIER_FACTOR * self.predicted()[i])  # one stall moves it, a lasting change in steps
         excess = seconds - self.calibrated[i]
         self.excess[i] = excess if self.weights[i] == 0 else self.excess[i] + COST_SMOOTHING * (excess - self.excess[i])
         for j in self._kind(i):
