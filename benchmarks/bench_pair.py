@@ -23,6 +23,7 @@ import json
 import pathlib
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,7 +56,7 @@ from profiling.repeated_text import RULE
 BUDGETS = (16, 32, 64, 128, 256)
 SAMPLED = 0.8  # the sampled rows' temperature
 SAMPLED_BUDGET = 64  # their DDTree budget (--quick: its one budget)
-TIMED_ROUNDS = 3  # on CUDA: timed decodes of every (row, prompt), the fastest kept
+TIMED_ROUNDS = 2  # on CUDA: timed decodes of every (row, prompt), the fastest kept
 
 
 def timed_decode(dec, num_steps: int, max_new_tokens: int) -> tuple[float, list[int]]:
@@ -146,8 +147,10 @@ def time_rows(ckpt, model: TargetModel, prompts: list[list[int]], rows: list[dic
     machine's drift over the run hits them alike) in `rounds` rounds, each (row, prompt) keeping its fastest decode;
     a row's tokens/s is the sum of its prompts' committed tokens over the sum of their times (each with its recorded
     run's prefill). The timed decode must commit what the recorded run committed (an auto budget's: AR's tokens up to
-    a numerics near tie, its choices following the timed run's costs), or the prompt counts as a real divergence."""
-    best: list[list[tuple[float, int] | None]] = [[None] * len(prompts) for _ in rows]
+    a numerics near tie, its choices following the timed run's costs), or the prompt counts as a real divergence.
+    An auto row also gets the tau and the budgets of its kept timed decodes (`timed_tau`, `timed_chosen`): they
+    follow the costs of the device path, the recorded runs' the eager path's."""
+    best: list[list[tuple[float, int, Counter] | None]] = [[None] * len(prompts) for _ in rows]
     diverged: list[set[int]] = [set() for _ in rows]
     for _ in range(rounds):
         for i, prompt in enumerate(prompts):
@@ -162,10 +165,14 @@ def time_rows(ckpt, model: TargetModel, prompts: list[list[int]], rows: list[dic
                 if tokens[: cfg.max_new_tokens] != run.tokens and not (auto and timed_near_tie(ar_runs[i], tokens)):
                     diverged[r].add(i)
                 if best[r][i] is None or len(tokens) / ms > best[r][i][1] / best[r][i][0]:
-                    best[r][i] = (ms, len(tokens))
+                    best[r][i] = (ms, len(tokens), Counter(timed.budget_counts) if auto else Counter())
     for row, times, prompts_diverged in zip(rows, best, diverged, strict=True):
-        row["tokens_per_s"] = sum(n for _, n in times) / (sum(ms for ms, _ in times) / 1e3)
+        row["tokens_per_s"] = sum(n for _, n, _ in times) / (sum(ms for ms, _, _ in times) / 1e3)
         row["real_divergences"] += len(prompts_diverged)
+        counts = sum((c for _, _, c in times), Counter())
+        if counts:
+            row["timed_tau"] = sum(n for _, n, _ in times) / sum(counts.values())
+            row["timed_chosen"] = " ".join(f"{b}:{counts[b]}" for b in sorted(counts))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -226,7 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = max(fixed, key=lambda r: r["tokens_per_s"])
     verdict = (f"auto ({auto['budget']}): {ratio(auto['tokens_per_s'], best['tokens_per_s']):.3f}x the best fixed "
                f"budget's tokens/s (B = {best['budget']}), {ratio(auto['tokens_per_s'], chain['tokens_per_s']):.3f}x "
-               f"the chain's; budgets chosen (B:steps) {auto['chosen']}; the choice is made on the device, "
+               f"the chain's; its timed decodes: tau {auto['timed_tau']:.2f}, budgets verified (B:steps; 0 = AR, no "
+               f"draft) {auto['timed_chosen']} (its recorded, eager runs: {auto['chosen']}); the choice is made on "
+               "the device, "
                f"{choice_cost_us(device, buckets_up_to(budgets[-1]), block - 1):.1f} us of device time a drafted step")
     distinct = ar["distinct_4gram_rate"]
     setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from benchmarks.common import Column, ratio
+from benchmarks.common import Column
 from engine.decoding.decoder import Decoder
 from engine.records import StepRecord
-from profiling.stage_floor import STAGES, FloorModel, mean_bytes, stage_order, stage_times_ms
+from profiling.stage_floor import STAGES, FloorModel, mean_bytes, over_floor, stage_order, stage_times_ms
 
 FLOOR_STAGES = [s for s in stage_order() if s != "verify/embed"]  # the embedding's rows: nothing to see
 
@@ -36,7 +36,7 @@ def add_stage_floors(rows: list[dict], bytes_per_s: float) -> None:
         for stage, num_bytes in row["stage_bytes"].items():
             floor = None if num_bytes is None else num_bytes / bytes_per_s * 1e3
             row[f"floor_ms_{stage}"] = floor
-            row[f"over_floor_{stage}"] = ratio(times.get(stage), floor)
+            row[f"over_floor_{stage}"] = over_floor(times.get(stage), floor)
         row["floor_ms"] = sum(row[f"floor_ms_{s}"] or 0.0 for s in STAGES if f"floor_ms_{s}" in row)
 
 

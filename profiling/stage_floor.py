@@ -119,10 +119,22 @@ def stage_order() -> list[str]:
     return [name for s in STAGES for name in ([s, *(f"verify/{p}" for p in VERIFY_PARTS)] if s == "verify" else [s])]
 
 
+# A stage whose bytes take less than this to read (tree_accept, kv_compact, the commit: a few KB) is bound by its
+# kernels' launch latency, not by bytes: time over such a floor says nothing, so it is not given.
+LATENCY_BOUND_MS = 0.005
+
+
+def over_floor(time_ms: float | None, floor_ms: float | None) -> float | None:
+    """time / floor, None where either is unknown or the floor is under LATENCY_BOUND_MS."""
+    if time_ms is None or floor_ms is None or floor_ms < LATENCY_BOUND_MS:
+        return None
+    return time_ms / floor_ms
+
+
 @dataclass(frozen=True, slots=True)
 class StageFloor:
     """One stage over a run's steps: mean time and bytes per step that ran it, the floor of those bytes at the
-    bandwidth, and time / floor (None where the floor is 0 or unknown)."""
+    bandwidth, and time / floor (over_floor: None where the floor is unknown or latency-bound)."""
 
     stage: str
     num_steps: int
@@ -159,8 +171,7 @@ def stage_floors(model: FloorModel, steps: list[StepRecord], bandwidth: Bandwidt
         times = [t for _, t in ran if t is not None]
         time_ms = sum(times) / len(times) if times else None
         floor = None if num_bytes is None else bandwidth.floor_ms(num_bytes)
-        over = time_ms / floor if time_ms is not None and floor else None
-        out.append(StageFloor(stage, len(ran), time_ms, num_bytes, floor, over))
+        out.append(StageFloor(stage, len(ran), time_ms, num_bytes, floor, over_floor(time_ms, floor)))
     return out
 
 

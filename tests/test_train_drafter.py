@@ -183,6 +183,8 @@ def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, cap
                                                             ("AR", 0.8), ("chain", 0.8), ("DDTree", 0.8)]
     assert all(r["exact"] == "4/4" for r in rows), "== AR, token-exact at T = 0.8 too"
     assert [r["budget"] for r in rows if r["mode"] == "DDTree"] == [16, "auto:16", 16] and "auto (auto:16):" in out
+    auto = rows[3]  # its timed decodes' own choices and tau, beside the recorded runs'
+    assert auto["timed_tau"] >= 1 and sum(int(c.split(":")[1]) for c in auto["timed_chosen"].split()) >= 4
     assert 0 < result["distinct_4gram_rate"] <= 1 and "tau / chain" in out and "tau on new text" in out
     tree = rows[2]
     assert tree["tau"] >= rows[1]["tau"] - 1e-9 and len(tree["per_position_acceptance"]) == 7
