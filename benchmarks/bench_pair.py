@@ -1,16 +1,18 @@
 """The shipped text pair, measured: does the target write text, and how much does its trained DFlash drafter buy?
 
-Over the model's held-out prompts (prompts.json: drawn from the corpus' held-out split at training) x new tokens:
-the target's validation loss (training.json) and, per row (AR, the DFlash chain, DDTree at each budget and under
+Over the model's held-out prompts (prompts.json: drawn from the corpus' held-out split at training) x new tokens: the
+target's validation loss (training.json) and, per row (AR, the DFlash chain, DDTree at each budget and under
 `--budget auto`, at T = 0; then AR, the chain and DDTree at one budget at T = 0.8, each prompt under its own fixed
-seed), tau pooled over the prompts (all committed tokens over all steps, profiling.metrics.pooled_tau), beside it the
-tau of the steps on new text with their count (profiling/repeated_text.py's rule: a looping target makes tau cheap)
-and the distinct-4-gram rate of the row's continuations, per-position acceptance (pooled alike), and the wall-clock
-speedup over the AR row of the same temperature (CUDA: graph replays). Every speculative run must emit exactly the AR
-tokens (at T > 0 too: the noise is keyed by seed and position). Each decode is run once with its records (tau,
-acceptance, tokens) and timed through the decoder's device path (Decoder.advance; on CUDA the step captured as a
-graph after one eager step), so the records' host bookkeeping stays out of the times: the timed decodes interleave
-the rows prompt by prompt, in --rounds rounds, each keeping its fastest (time_rows).
+seed; then AR, the chain and DDTree at that budget on prompts of everyday Python written for the benchmark,
+benchmarks/written_prompts.py, at T = 0), tau pooled over the prompts (all committed tokens over all steps,
+profiling.metrics.pooled_tau), beside it the tau of the steps on new text with their count
+(profiling/repeated_text.py's rule: a looping target makes tau cheap) and the distinct-4-gram rate of the row's
+continuations, per-position acceptance (pooled alike), and the wall-clock speedup over the AR row of the same
+temperature (CUDA: graph replays). Every speculative run must emit exactly the AR tokens (at T > 0 too: the noise is
+keyed by seed and position). Each decode is run once with its records (tau, acceptance, tokens) and timed through the
+decoder's device path (Decoder.advance; on CUDA the step captured as a graph after one eager step), so the records'
+host bookkeeping stays out of the times: the timed decodes interleave the rows prompt by prompt, in --rounds rounds,
+each keeping its fastest (time_rows).
 
     python -m benchmarks.bench_pair [--model DIR] [--device cuda|cpu] [--quick] [--batch-invariant] [--rounds N]
                                     [--out DIR]
@@ -40,6 +42,7 @@ from benchmarks.common import (
     write_results,
 )
 from benchmarks.decode_steps import choice_cost_us
+from benchmarks.written_prompts import WRITTEN_PROMPTS
 from engine.config import DecodeConfig, buckets_up_to
 from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.session import make_decoder, with_text
@@ -221,10 +224,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     sampled_ar = measure(ckpt, model, prompts, cfg(temperature=SAMPLED), "ar", spec, None)
     sampled = [sampled_ar] + [measure(ckpt, model, prompts, cfg(b, temperature=SAMPLED), m, spec, sampled_ar["runs"])
                               for m, b in (("chain", 0), ("ddtree", sampled_budget))]
-    rows = [ar, chain, *fixed, auto, *sampled]
+    written_prompts = [ckpt.tokenizer.encode(t) for t in WRITTEN_PROMPTS[: 2 if args.quick else None]]
+    written_ar = measure(ckpt, model, written_prompts, cfg(), "ar", spec, None)
+    written = [written_ar] + [measure(ckpt, model, written_prompts, cfg(b), m, spec, written_ar["runs"])
+                              for m, b in (("chain", 0), ("ddtree", sampled_budget))]
+    for row in (ar, chain, *fixed, auto, *sampled):
+        row["prompts"] = "held-out"
+    for row in written:
+        row["prompts"] = "written"
+    rows = [ar, chain, *fixed, auto, *sampled, *written]
     rounds = args.rounds or (TIMED_ROUNDS if device.type == "cuda" and not args.quick else 1)
-    for group in ([ar, chain, *fixed, auto], sampled):
-        time_rows(ckpt, model, prompts, group, spec, rounds)
+    for group, group_prompts in (([ar, chain, *fixed, auto], prompts), (sampled, prompts), (written, written_prompts)):
+        time_rows(ckpt, model, group_prompts, group, spec, rounds)
         for row in group:
             row["speedup"] = ratio(row["tokens_per_s"], group[0]["tokens_per_s"])
             row["accept_by_depth"] = " ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
@@ -241,18 +252,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "
              f"{training['final_val_loss']:.3f} nats/token at training) + {drafter_dir.name} (block {block}); "
              f"{len(prompts)} held-out prompts x {new_tokens} new tokens, T = 0, then T = {SAMPLED} (prompt i under "
-             f"seed i), {device.type} {dtype}{', batch-invariant' if args.batch_invariant else ''}; "
+             f"seed i), then {len(written_prompts)} prompts of everyday Python written for the benchmark "
+             f"(benchmarks/written_prompts.py) at T = 0; {device.type} {dtype}"
+             f"{', batch-invariant' if args.batch_invariant else ''}; "
              f"distinct-4-gram rate of the AR continuations {distinct:.3f}; tau = all committed tokens / all steps; "
              f"new text: {RULE}")
-    columns = [Column("mode", "mode"), Column("temperature", "T", "{:g}"), Column("budget", "B", "{}"),
+    columns = [Column("prompts", "prompts"), Column("mode", "mode"), Column("temperature", "T", "{:g}"),
+               Column("budget", "B", "{}"),
                Column("tau", "tau", "{:.2f}"), Column("new_text", "tau on new text (its steps of all)"),
                Column("distinct_4gram_rate", "distinct-4", "{:.3f}"), Column("tau_over_chain", "tau / chain", "{:.2f}"),
                Column("tokens_per_s", "tokens/s", "{:.1f}"), Column("speedup", "speedup", "{:.2f}"),
                Column("exact", "== AR"), Column("accept_by_depth", "acceptance by depth"),
                Column("chosen", "auto: budgets chosen (B:steps)")]
     print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{verdict}\n\nexample (AR): {ar['example']!r}\n"
-          f"example (AR, T = {SAMPLED}): {sampled_ar['example']!r}\n")
-    results = {"setup": setup, "distinct_4gram_rate": distinct, "val_loss": training["final_val_loss"], "auto": verdict,
+          f"example (AR, T = {SAMPLED}): {sampled_ar['example']!r}\nexample (AR, written): {written_ar['example']!r}\n")
+    results = {"setup": setup, "distinct_4gram_rate": distinct, "written_distinct_4gram_rate":
+               written_ar["distinct_4gram_rate"], "val_loss": training["final_val_loss"], "auto": verdict,
                "rows": [{k: v for k, v in r.items() if k not in ("runs", "decode")} for r in rows]}
     tables = {"setup": setup, "the pair": markdown_table(rows, columns), "auto budget": verdict}
     json_path, md_path = write_results(args.out, f"pair-{device.type}", info, results, tables)

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 from budget_cases import TOL, case_of, choose_args, first_best, learn_args
+from host_sync import assert_no_host_sync
 
 from kernels import ops
 
@@ -66,14 +67,7 @@ def test_both_ops_replay_in_a_cuda_graph_on_new_inputs():
 def test_op_makes_no_host_sync(name):
     case = _on_cuda(case_of(random.randrange(2**31), 64, 2))
     args = choose_args(case) if name == "budget_choose" else learn_args(case, case["realised"], case["predicted"])
-    op = getattr(torch.ops.ddtree, name)
-    op(*args)  # first use: lazy module loading
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        op(*args)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    assert_no_host_sync(getattr(torch.ops.ddtree, name), args)
 
 
 def test_cuda_skips_or_clamps_what_the_cpu_refuses():

@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from host_sync import assert_no_host_sync
 from masks import ancestor_mask, block_mask
 
 from kernels import reference
@@ -397,14 +398,7 @@ def test_opcheck_on_cuda(ops, name):
 @pytest.mark.parametrize("name", ["tree_build", "verify_attn", "tree_accept", "kv_compact"])
 def test_op_makes_no_host_sync(ops, name):
     args = _small_cases(_seed())[name]
-    op = getattr(torch.ops.ddtree, name)
-    op(*args)  # first use: lazy module loading and shared-memory attributes
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        op(*args)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    assert_no_host_sync(getattr(torch.ops.ddtree, name), args)
 
 
 def test_graph_replay_reads_prefix_len_and_draft_on_the_device(ops):

@@ -179,10 +179,14 @@ def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, cap
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "pair-cpu.json").read_text())
     rows = result["rows"]
-    assert [(r["mode"], r["temperature"]) for r in rows] == [("AR", 0), ("chain", 0), ("DDTree", 0), ("DDTree", 0),
-                                                            ("AR", 0.8), ("chain", 0.8), ("DDTree", 0.8)]
-    assert all(r["exact"] == "4/4" for r in rows), "== AR, token-exact at T = 0.8 too"
-    assert [r["budget"] for r in rows if r["mode"] == "DDTree"] == [16, "auto:16", 16] and "auto (auto:16):" in out
+    assert [(r["prompts"], r["mode"], r["temperature"]) for r in rows] == [
+        *(("held-out", m, t) for m, t in (("AR", 0), ("chain", 0), ("DDTree", 0), ("DDTree", 0), ("AR", 0.8),
+                                          ("chain", 0.8), ("DDTree", 0.8))),
+        ("written", "AR", 0), ("written", "chain", 0), ("written", "DDTree", 0)]
+    assert all(r["exact"] == "4/4" for r in rows[:7]), "== AR, token-exact at T = 0.8 too"
+    assert all(r["exact"] == "2/2" for r in rows[7:]), "the first two written prompts under --quick"
+    assert result["written_distinct_4gram_rate"] == rows[7]["distinct_4gram_rate"] and "written" in out
+    assert [r["budget"] for r in rows if r["mode"] == "DDTree"] == [16, "auto:16", 16, 16] and "auto (auto:16):" in out
     auto = rows[3]  # its timed decodes' own choices and tau, beside the recorded runs'
     assert auto["timed_tau"] >= 1 and sum(int(c.split(":")[1]) for c in auto["timed_chosen"].split()) >= 4
     assert 0 < result["distinct_4gram_rate"] <= 1 and "tau / chain" in out and "tau on new text" in out
@@ -190,7 +194,7 @@ def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, cap
     assert tree["tau"] >= rows[1]["tau"] - 1e-9 and len(tree["per_position_acceptance"]) == 7
     assert all(r["real_divergences"] == 0 for r in rows)
     assert len(measured) == len(rows)
-    assert [run.decode["seed"] for run in measured[-1]["runs"]] == [0, 1, 2, 3], "prompt i under seed i"
+    assert [run.decode["seed"] for run in measured[6]["runs"]] == [0, 1, 2, 3], "prompt i under seed i"
     for row, m in zip(rows, measured, strict=True):
         runs = m["runs"]
         steps = [s for run in runs for s in run.steps]
