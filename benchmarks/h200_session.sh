@@ -55,6 +55,11 @@ train() {  # train(label, dir, seconds, command...)
 }
 if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), the pair tarred into $OUT, bench_pair
   python3 -c "import kernels; kernels.load()" >"$OUT/build.log" 2>&1 &
+  if [[ "$CORPUS" == *.tar.xz ]]; then  # a packed corpus (stage_corpus --with-torch): unpacked once per machine
+    unpacked=/tmp/corpus/$(basename "$CORPUS" .tar.xz)
+    [ -d "$unpacked" ] || { mkdir -p "$unpacked" && tar -xJf "$CORPUS" -C "$unpacked"; }
+    CORPUS=$unpacked
+  fi
   train target "$PAIR" "${TARGET_S:-330}" python3 -m engine train-target --out "$PAIR" --preset showcase \
     --corpus-dir "$CORPUS"
   train drafter "$PAIR/dflash" $(( ${TOTAL_S:-560} - SECONDS - 90 )) python3 -m engine train-drafter \

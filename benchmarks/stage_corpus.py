@@ -5,6 +5,14 @@ the folders and files that are not hand-written library code (engine.training.co
 folders, plus lib2to3's grammar fixtures, _sysconfigdata_* and config-*).
 
     python -m benchmarks.stage_corpus .corpus/cpython-3.11-lib      # Python 3.11.7: 1,435 files, 27.4 MB
+    python -m benchmarks.stage_corpus --with-torch .corpus/stdlib-torch  # plus torch's own Python sources
+
+--with-torch adds, under torch/, the .py sources of the torch that requirements.txt pins (every install of the
+project has it, so the corpus stays reproducible offline; another installed version is refused), by the same
+rules, less what is not torch's own hand-written library code: its test helpers (testing/), vendored code
+(_vendor/) and generated pattern tables (serialized_patterns/). The staged folder is larger than one device call
+carries (64 MiB with the checkout); `tar -cJf corpus.tar.xz -C DIR .` packs it to about a sixth, and
+benchmarks/h200_session.sh unpacks a CORPUS that ends in .tar.xz.
 """
 from __future__ import annotations
 
@@ -17,13 +25,15 @@ from pathlib import Path
 from engine.training.corpus import STDLIB_EXCLUDED_DIRS
 
 EXCLUDED_DIRS = (STDLIB_EXCLUDED_DIRS - {"test", "tests"}) | {"lib2to3"}
+TORCH_EXCLUDED_DIRS = frozenset({"testing", "_vendor", "serialized_patterns", "__pycache__"})
 MAX_BYTES = 400_000
+REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements.txt"
 
 
-def staged_files(root: Path) -> list[Path]:
+def staged_files(root: Path, excluded_dirs: frozenset[str] = EXCLUDED_DIRS) -> list[Path]:
     def kept(path: Path) -> bool:
         parts = path.relative_to(root).parts
-        if EXCLUDED_DIRS & set(parts[:-1]) or parts[-1].startswith("_sysconfigdata") or parts[0].startswith("config-"):
+        if excluded_dirs & set(parts[:-1]) or parts[-1].startswith("_sysconfigdata") or parts[0].startswith("config-"):
             return False
         data = path.read_bytes()
         try:
@@ -35,20 +45,50 @@ def staged_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if p.is_file() and kept(p))
 
 
+def pinned_version(package: str, requirements: Path = REQUIREMENTS) -> str | None:
+    """The version requirements.txt pins the package at (`package==X`), None where it pins none."""
+    for line in requirements.read_text().splitlines():
+        name, sep, version = line.split("#")[0].strip().partition("==")
+        if sep and name.strip().lower() == package:
+            return version.strip()
+    return None
+
+
+def torch_root() -> Path:
+    """The installed torch's package folder, refused unless it is the version requirements.txt pins."""
+    import torch
+
+    pinned, installed = pinned_version("torch", REQUIREMENTS), torch.__version__.split("+")[0]
+    if pinned != installed:
+        raise SystemExit(f"error: torch {installed} is installed but {REQUIREMENTS} pins {pinned}: the corpus "
+                         "would not be reproducible; stage it where the pinned torch is installed")
+    return Path(torch.__file__).parent
+
+
+def copy_files(files: list[Path], root: Path, out: Path) -> int:
+    """Copy files (under root) to the same relative paths under out; their bytes."""
+    for path in files:
+        target = out / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return sum(f.stat().st_size for f in files)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="the folder to create (must not exist)")
+    p.add_argument("--with-torch", action="store_true", help="add the pinned torch's own .py sources under torch/")
     args = p.parse_args(argv)
     if args.out.exists():
         print(f"error: {args.out} exists; pass a new folder", file=sys.stderr)
         return 2
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = staged_files(root)
-    for path in files:
-        target = args.out / path.relative_to(root)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
-    print(f"staged {len(files)} files, {sum(f.stat().st_size for f in files):,} bytes from {root} in {args.out}")
+    sources = [(Path(sysconfig.get_paths()["stdlib"]), EXCLUDED_DIRS, args.out)]
+    if args.with_torch:
+        sources.append((torch_root(), TORCH_EXCLUDED_DIRS, args.out / "torch"))
+    for root, excluded, out in sources:
+        files = staged_files(root, excluded)
+        num_bytes = copy_files(files, root, out)
+        print(f"staged {len(files)} files, {num_bytes:,} bytes from {root} in {out}")
     return 0
 
 

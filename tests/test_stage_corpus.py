@@ -1,7 +1,10 @@
-"""benchmarks.stage_corpus: which stdlib files the shipped pair's corpus keeps, and a refused existing folder."""
+"""benchmarks.stage_corpus: which stdlib (and torch) files the shipped pair's corpus keeps, a refused existing folder
+and a torch other than the pinned one."""
 from __future__ import annotations
 
 import random
+
+import pytest
 
 from benchmarks import stage_corpus
 
@@ -26,3 +29,36 @@ def test_keeps_tests_and_library_code_and_drops_the_rest(tmp_path, monkeypatch, 
     assert {p.relative_to(out).as_posix() for p in out.rglob("*.py")} == kept
     assert (out / "os.py").read_bytes() == (root / "os.py").read_bytes()
     assert stage_corpus.main([str(out)]) == 2 and "exists" in capsys.readouterr().err
+
+
+def test_with_torch_adds_its_own_sources_and_leaves_out_tests_vendored_and_generated(tmp_path, monkeypatch, capsys):
+    lib, torch_dir = tmp_path / "lib", tmp_path / "torch"
+    kept = {"nn/modules/linear.py", "_inductor/lowering.py", "__init__.py"}
+    dropped = {"testing/_internal/common_utils.py", "_vendor/packaging/version.py",
+               "_inductor/fx_passes/serialized_patterns/_sfdp_pattern_1.py", "__pycache__/x.py"}
+    for root, files in ((lib, {"os.py"}), (torch_dir, kept | dropped)):
+        for rel in files:
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"# {rel}\n")
+    monkeypatch.setattr(stage_corpus.sysconfig, "get_paths", lambda: {"stdlib": str(lib)})
+    monkeypatch.setattr(stage_corpus, "torch_root", lambda: torch_dir)
+    out = tmp_path / "out"
+    assert stage_corpus.main(["--with-torch", str(out)]) == 0
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*.py")} == {"os.py"} | {f"torch/{f}" for f in kept}
+    assert "from " + str(torch_dir) in capsys.readouterr().out
+
+
+def test_only_the_pinned_torch_is_staged(tmp_path, monkeypatch):
+    import torch
+
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("numpy>=1.26\ntorch==2.12.5  # the CPU build\n")
+    assert stage_corpus.pinned_version("torch", requirements) == "2.12.5"
+    assert stage_corpus.pinned_version("numpy", requirements) is None
+    monkeypatch.setattr(stage_corpus, "REQUIREMENTS", requirements)
+    monkeypatch.setattr(torch, "__version__", "2.99.1+cu130")
+    with pytest.raises(SystemExit, match=r"torch 2\.99\.1 is installed but .* pins 2\.12\.5"):
+        stage_corpus.torch_root()
+    monkeypatch.setattr(torch, "__version__", "2.12.5+cpu")
+    assert (stage_corpus.torch_root() / "__init__.py").is_file()
