@@ -32,12 +32,21 @@ from engine.model.fixtures import random_weights, tiny_config
 from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
 from engine.training.data import WindowSampler, eval_windows
-from engine.training.export import save_hf_dir
+from engine.training.export import (
+    FP8_BLOCK,
+    FP8_QUANTIZATION,
+    SAVE_DTYPES,
+    TARGET_SAVE_DTYPES,
+    is_fp8_weight,
+    quantize_fp8,
+    save_hf_dir,
+)
 from engine.training.generate import distinct_ngram_rate, greedy_generate
 from engine.training.loop import Trainer
 from engine.training.recipe import PRESETS
 from engine.training.target_model import TargetLM, update_router_biases
 from tests.greedy import assert_greedy_equal
+from tests.hf_dirs import dequantize_blocks, e4m3_values
 from tests.tolerance import assert_close_at_scale
 
 FLOAT32_AT_SCALE = 3e-5  # float32 against the float64 golden model: measured up to 1.3e-5 of the largest logit
@@ -306,3 +315,62 @@ def test_cuda_runs_repeat_and_resume_exactly(small_corpus, tmp_path, capsys):
     assert train(capsys, "--out", str(tmp_path / "parts"), "--resume")[0] == 0
     first, second, parts = (load_file(tmp_path / d / "model.safetensors") for d in ("first", "second", "parts"))
     assert all(torch.equal(first[k], second[k]) and torch.equal(first[k], parts[k]) for k in first)
+
+
+def test_fp8_quantization_is_within_e4m3s_rounding_of_every_block():
+    """quantize_fp8 on a matrix of several partial blocks, decoded by the tests' own e4m3 decoder: every block's
+    largest magnitude lands on 448 and every value within e4m3's rounding (3 mantissa bits: 2^-4 relative, plus the
+    subnormal step 2^-9 of the block's scale)."""
+    rng = np.random.default_rng(seed := int(np.random.SeedSequence().entropy % 2**32))
+    rows, cols = int(rng.integers(129, 400)), int(rng.integers(129, 400))
+    weight = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(1e-3, 10))
+    weight[:128, :128] = 0.0  # a block of zeros stays zeros
+    bits, scale = quantize_fp8(weight, FP8_BLOCK)
+    assert bits.dtype == torch.float8_e4m3fn and scale.shape == (-(-rows // 128), -(-cols // 128))
+    decoded = dequantize_blocks(bits.view(torch.uint8).numpy(), scale.numpy(), FP8_BLOCK)
+    bound = 2.0 ** -4 * np.abs(weight.numpy()) + np.repeat(np.repeat(scale.numpy(), 128, 0), 128, 1)[:rows, :cols] \
+        * 2.0 ** -9
+    assert (np.abs(decoded - weight.numpy()) <= bound * (1 + 1e-6)).all(), f"seed {seed}"
+    assert (decoded[:128, :128] == 0).all()
+    tops = [np.abs(e4m3_values(bits.view(torch.uint8).numpy()[i:i + 128, j:j + 128])).max()
+            for i in range(128, rows, 128) for j in range(0, cols, 128)]
+    assert tops and all(t == 448.0 for t in tops), f"seed {seed}"
+
+
+def test_an_fp8_target_loads_dequantized_and_decodes_as_ar(tmp_path):
+    """save_hf_dir(..., "fp8") writes DeepSeek-V3's layout (projection matrices F8_E4M3 with a scale per block, the
+    rest bfloat16, quantization_config), about half bfloat16's bytes; the engine loads it as the tests' decoder
+    decodes it, and DDTree on it emits AR's tokens."""
+    cfg = variant_config("qlora_dense1_groups")
+    model = module_with_weights(cfg, seed=int(np.random.default_rng().integers(1 << 30)))
+    save_hf_dir(model, tmp_path / "bf16", "bfloat16")
+    save_hf_dir(model, tmp_path / "fp8", "fp8")
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    assert config["quantization_config"] == FP8_QUANTIZATION and config["torch_dtype"] == "bfloat16"
+    stored = load_file(tmp_path / "fp8" / "model.safetensors")
+    ckpt = read_hf_dir(tmp_path / "fp8")
+    loaded = ckpt.numpy_weights()
+    quantized = [n for n, t in model.state_dict().items() if is_fp8_weight(n, tuple(t.shape))]
+    assert quantized and any(n.endswith("mlp.gate.weight") for n in model.state_dict())
+    for name, t in model.state_dict().items():
+        if name in quantized:
+            assert stored[name].dtype == torch.float8_e4m3fn and stored[f"{name}_scale_inv"].dtype == torch.float32
+            want = dequantize_blocks(stored[name].view(torch.uint8).numpy(), stored[f"{name}_scale_inv"].numpy(),
+                                     FP8_BLOCK)
+        else:
+            assert stored[name].dtype == torch.bfloat16 and f"{name}_scale_inv" not in stored
+            want = t.detach().bfloat16().float().numpy()
+        np.testing.assert_array_equal(loaded[name], want, err_msg=name)
+    fp8_bytes = (tmp_path / "fp8" / "model.safetensors").stat().st_size
+    assert fp8_bytes < 0.75 * (tmp_path / "bf16" / "model.safetensors").stat().st_size
+    prompt = [int(x) for x in np.random.default_rng().integers(0, cfg.vocab_size, 8)]
+    cfg_decode = DecodeConfig(budget=16, max_new_tokens=16)
+    ar = decode(ckpt, prompt, cfg_decode, "ar")
+    tree = decode(ckpt, prompt, cfg_decode, "ddtree")
+    assert_greedy_equal(ar.tokens, ar.logits, tree.tokens)
+
+
+def test_fp8_is_a_target_save_dtype_only():
+    assert "fp8" in TARGET_SAVE_DTYPES and "fp8" not in SAVE_DTYPES
+    with pytest.raises(ValueError, match=r"dtype='fp16': expected one of \('bfloat16', 'float32', 'fp8'\)"):
+        save_hf_dir(TargetLM(variant_config("qlora_dense1_groups")), Path("/nonexistent"), "fp16")

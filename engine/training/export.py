@@ -1,5 +1,11 @@
 """Write a TargetLM as a Hugging Face DeepseekV3ForCausalLM directory: config.json + model.safetensors, which
-engine.loaders.hf_import.read_hf_dir (and transformers) load with no conversion."""
+engine.loaders.hf_import.read_hf_dir (and transformers) load with no conversion.
+
+In bfloat16 or float32, or as DeepSeek-V3 ships its weights (save dtype "fp8"): every projection matrix of attention
+and the MLPs as F8_E4M3 with a float32 <name>_scale_inv per 128 x 128 block (the block's largest magnitude maps to
+448, e4m3's largest finite value), the embeddings, lm_head, norms and the router in bfloat16, and config.json's
+quantization_config saying so; the engine dequantizes it on load (engine/loaders/hf_weights.py). About half the
+bytes of bfloat16 for the same parameters, so a larger target fits the same shipping budget."""
 from __future__ import annotations
 
 import json
@@ -13,6 +19,30 @@ from engine.loaders.hf_layout import SINGLE_FILE
 from engine.training.target_model import INIT_STD, TargetLM
 
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+TARGET_SAVE_DTYPES = (*SAVE_DTYPES, "fp8")  # a target can also be saved block-wise FP8 (a drafter cannot)
+FP8_BLOCK = (128, 128)  # DeepSeek-V3's and Kimi-K2's weight_block_size
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
+FP8_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                    "weight_block_size": list(FP8_BLOCK)}
+
+
+def is_fp8_weight(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether DeepSeek-V3's FP8 checkpoints store the tensor as F8_E4M3: the matrices of attention and the MLPs
+    (not the embeddings, the lm_head or the router's gate)."""
+    return len(shape) == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight") \
+        and not name.endswith(".mlp.gate.weight")
+
+
+def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight [R, C], float32 scale_inv [ceil(R / b0), ceil(C / b1)]): weight ~= e4m3 x its block's
+    scale_inv, each block's largest magnitude mapped to FP8_MAX (a block of zeros gets a tiny scale)."""
+    rows, cols = weight.shape
+    num_r, num_c = -(-rows // block[0]), -(-cols // block[1])
+    padded = torch.nn.functional.pad(weight.float(), (0, num_c * block[1] - cols, 0, num_r * block[0] - rows))
+    tiles = padded.view(num_r, block[0], num_c, block[1])
+    scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX  # [num_r, num_c]
+    scaled = (tiles / scale[:, None, :, None]).view(num_r * block[0], num_c * block[1])[:rows, :cols]
+    return scaled.to(torch.float8_e4m3fn).contiguous(), scale
 
 
 def hf_config(model: TargetLM, dtype: str, end_of_text_id: int | None) -> dict:
@@ -22,20 +52,27 @@ def hf_config(model: TargetLM, dtype: str, end_of_text_id: int | None) -> dict:
     return {
         "architectures": [ARCHITECTURE], "model_type": "deepseek_v3", **FIXED_KEYS, **cfg.to_dict(),
         "num_key_value_heads": cfg.num_attention_heads,  # transformers' eager attention needs it; MLA ignores it
-        "initializer_range": INIT_STD, "torch_dtype": dtype, "use_cache": True,
+        "initializer_range": INIT_STD, "torch_dtype": "bfloat16" if dtype == "fp8" else dtype, "use_cache": True,
         "bos_token_id": end_of_text_id, "eos_token_id": end_of_text_id,
+        **({"quantization_config": FP8_QUANTIZATION} if dtype == "fp8" else {}),
     }
 
 
 def save_hf_dir(model: TargetLM, directory: str | Path, dtype: str = "bfloat16",
                 end_of_text_id: int | None = None) -> list[Path]:
-    """config.json and model.safetensors (weights in dtype) into directory; returns the two files."""
-    if dtype not in SAVE_DTYPES:
-        raise ValueError(f"dtype={dtype!r}: expected one of {tuple(SAVE_DTYPES)}")
+    """config.json and model.safetensors (weights in dtype, one of TARGET_SAVE_DTYPES) into directory; returns the
+    two files."""
+    if dtype not in TARGET_SAVE_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {TARGET_SAVE_DTYPES}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().to(device="cpu", dtype=SAVE_DTYPES[dtype]).contiguous()
-               for name, t in model.state_dict().items()}
+    tensors = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().to("cpu")
+        if dtype == "fp8" and is_fp8_weight(name, tuple(t.shape)):
+            tensors[name], tensors[f"{name}_scale_inv"] = quantize_fp8(t)
+        else:
+            tensors[name] = t.to(SAVE_DTYPES.get(dtype, torch.bfloat16)).contiguous()
     weights = directory / SINGLE_FILE
     save_file(tensors, str(weights), metadata={"format": "pt"})
     config = directory / "config.json"

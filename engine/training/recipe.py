@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.config import ConfigError, ModelConfig
-from engine.training.export import SAVE_DTYPES
+from engine.training.export import TARGET_SAVE_DTYPES
 
 
 class TrainError(ValueError):
@@ -77,7 +77,8 @@ class Recipe:
         need(self.weight_decay >= 0 and self.grad_clip > 0 and self.bias_update_speed >= 0,
              "weight_decay and bias_update_speed must be >= 0 and grad_clip > 0")
         need(self.device in ("cpu", "cuda"), f"device={self.device!r}: expected cpu or cuda")
-        need(self.save_dtype in SAVE_DTYPES, f"save_dtype={self.save_dtype!r}: expected one of {tuple(SAVE_DTYPES)}")
+        need(self.save_dtype in TARGET_SAVE_DTYPES,
+             f"save_dtype={self.save_dtype!r}: expected one of {TARGET_SAVE_DTYPES}")
         for name in ("eval_every", "checkpoint_every"):
             need(getattr(self, name) % self.log_every == 0,
                  f"{name}={getattr(self, name)} must be a multiple of log_every={self.log_every} (logs, evals and "
