@@ -42,7 +42,7 @@ from engine.training.recipe import TrainError
 from engine.training.run_dir import TRAINING_FILE, check_out_dir, save_run_checkpoint, start_out_dir, writing
 
 RECIPE_OPTIONS = ("steps", "batch_size", "anchors", "lr", "seed", "device", "num_sequences", "save_dtype",
-                  "log_every", "eval_every", "checkpoint_every", "corpus_dir")
+                  "log_every", "eval_every", "checkpoint_every", "corpus_dir", "sampled_share")
 MODEL_FILES = ("config.json", SINGLE_FILE)  # what save_dflash_dir writes (one shard)
 RUN_FILES = (*MODEL_FILES, TRAINING_FILE, SEQUENCES_FILE)
 
@@ -164,6 +164,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, help="sequences per step")
     p.add_argument("--anchors", type=int, help="blocks per sequence per step")
     p.add_argument("--num-sequences", type=int, help="training sequences to generate with the target")
+    p.add_argument("--sampled-share", type=float, help="the share of them whose continuation the target samples at "
+                                                       "T = 0.8 instead of its greedy one (default 0)")
     p.add_argument("--seed", type=int, help="seed of the prompts, the initial weights and the anchors")
     add_optimizer_options(p)
     p.add_argument("--corpus-dir", type=Path, help="draw prompts from this folder instead of the standard library")

@@ -1,5 +1,6 @@
-"""The drafter's data: the frozen target, and its own greedy continuations of corpus prompts (train split for
-training, held-out split for validation), generated once per run (before the run directory is touched) and
+"""The drafter's data: the frozen target, and its own continuations of corpus prompts (train split for training,
+held-out split for validation; greedy, and for recipe.sampled_share of the training sequences sampled at
+recipe.sampled_temperature), generated once per run (before the run directory is touched) and
 kept in it so that a resumed run trains on exactly the same sequences."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from engine.loaders.hf_import import read_hf_dir
 from engine.loaders.text import Tokenizer
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.drafter_recipe import DrafterRecipe
-from engine.training.generate import distinct_ngram_rate, greedy_generate
+from engine.training.generate import distinct_ngram_rate, greedy_generate, sample_generate
 from engine.training.recipe import TrainError
 from engine.training.target_model import TargetLM
 
@@ -34,18 +35,28 @@ def load_frozen_target(directory: str | Path, device: str) -> tuple[TargetLM, To
 
 
 def _generate(target: TargetLM, tokenizer: Tokenizer, recipe: DrafterRecipe, split: str, num: int) -> torch.Tensor:
+    """num prompts of the split with the target's continuations: the first round(num x sampled_share) of a training
+    split's sampled, the rest (and every held-out one) greedy."""
     corpus = load_corpus(recipe.corpus_dir)
     seed = recipe.seed if split == "train" else recipe.seed + 1
     prompts = torch.from_numpy(draw_prompts(corpus, tokenizer, num, recipe.prompt_len, seed, split,
                                             advice="use a --corpus-dir with more text, or fewer --num-sequences"))
     prompts = prompts.to(recipe.device)
     dtype = "bfloat16" if recipe.device == "cuda" else "float32"
-    return torch.cat([prompts, greedy_generate(target, prompts, recipe.new_tokens, dtype=dtype)], dim=1)
+    num_sampled = round(num * recipe.sampled_share) if split == "train" else 0
+    parts = []
+    if num_sampled:
+        parts.append(sample_generate(target, prompts[:num_sampled], recipe.new_tokens, recipe.sampled_temperature,
+                                     recipe.seed, dtype=dtype))
+    if num_sampled < num:
+        parts.append(greedy_generate(target, prompts[num_sampled:], recipe.new_tokens, dtype=dtype))
+    return torch.cat([prompts, torch.cat(parts)], dim=1)
 
 
 def _key(recipe: DrafterRecipe) -> dict:
     return {"seed": recipe.seed, "num_sequences": recipe.num_sequences, "eval_sequences": recipe.eval_sequences,
-            "prompt_len": recipe.prompt_len, "new_tokens": recipe.new_tokens, "corpus_dir": recipe.corpus_dir}
+            "prompt_len": recipe.prompt_len, "new_tokens": recipe.new_tokens, "corpus_dir": recipe.corpus_dir,
+            "sampled_share": recipe.sampled_share, "sampled_temperature": recipe.sampled_temperature}
 
 
 def generate_sequences(target: TargetLM, tokenizer: Tokenizer, recipe: DrafterRecipe) -> dict:

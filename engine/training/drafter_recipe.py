@@ -42,6 +42,10 @@ class DrafterRecipe:
     checkpoint_every: int = 100
     save_dtype: str = "bfloat16"
     corpus_dir: str | None = None  # None: the Python standard library (engine/training/corpus.py)
+    # The share of the training sequences whose continuation the target samples at sampled_temperature instead of
+    # its greedy one: more varied contexts than greedy text, which repeats itself, and what T > 0 decoding meets.
+    sampled_share: float = 0.0
+    sampled_temperature: float = 0.8
 
     def __post_init__(self) -> None:
         def need(cond: bool, what: str) -> None:
@@ -64,6 +68,10 @@ class DrafterRecipe:
         for name in ("eval_every", "checkpoint_every"):
             need(getattr(self, name) % self.log_every == 0,
                  f"{name}={getattr(self, name)} must be a multiple of log_every={self.log_every}")
+        need(isinstance(self.sampled_share, (int, float)) and 0 <= self.sampled_share <= 1,
+             f"sampled_share={self.sampled_share!r}: expected a share in [0, 1]")
+        need(isinstance(self.sampled_temperature, (int, float)) and self.sampled_temperature > 0,
+             f"sampled_temperature={self.sampled_temperature!r}: expected a temperature > 0")
         need(set(self.drafter) == set(DRAFTER_SHAPE_FIELDS), f"drafter shape fields {sorted(self.drafter)}: "
              f"expected {sorted(DRAFTER_SHAPE_FIELDS)}")
 

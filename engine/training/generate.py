@@ -1,5 +1,5 @@
-"""Batched greedy generation with TargetLM: the target's own continuations of many prompts at once (the
-drafter's training data), through an incremental cache of expanded per-head K/V."""
+"""Batched generation with TargetLM: the target's own continuations of many prompts at once (the drafter's training
+data), greedy or sampled at a temperature under a seed, through an incremental cache of expanded per-head K/V."""
 from __future__ import annotations
 
 import contextlib
@@ -12,12 +12,26 @@ from engine.training.target_model import KVCache, TargetLM
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 
-@torch.no_grad()
 def greedy_generate(model: TargetLM, prompts: torch.Tensor, num_new: int, batch_size: int = 1024,
                     dtype: str = "float32") -> torch.Tensor:
     """prompts [N, P] int64 on the model's device -> the greedy continuation [N, num_new] int64: token j is the
     argmax (lowest id on ties) after the prompt and tokens 0..j-1. Prompts run batch_size at a time; dtype
     "bfloat16" runs the matmuls under bf16 autocast (the weights stay as they are)."""
+    return _continuations(model, prompts, num_new, batch_size, dtype, _argmax)
+
+
+def sample_generate(model: TargetLM, prompts: torch.Tensor, num_new: int, temperature: float, seed: int,
+                    batch_size: int = 1024, dtype: str = "float32") -> torch.Tensor:
+    """As greedy_generate, but token j is drawn from softmax(logits / temperature) under a generator seeded with
+    seed: the same seed, prompts and device give the same tokens."""
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"temperature={temperature!r}: expected a temperature > 0 (0 is greedy_generate)")
+    return _continuations(model, prompts, num_new, batch_size, dtype, _sampler(temperature, seed, prompts.device))
+
+
+@torch.no_grad()
+def _continuations(model: TargetLM, prompts: torch.Tensor, num_new: int, batch_size: int, dtype: str,
+                   pick) -> torch.Tensor:
     if prompts.dim() != 2 or prompts.shape[1] < 1:
         raise ValueError(f"prompts must be [N, P] with P >= 1, got shape {tuple(prompts.shape)}")
     if num_new < 1:
@@ -34,18 +48,32 @@ def greedy_generate(model: TargetLM, prompts: torch.Tensor, num_new: int, batch_
     model.eval()
     try:
         with autocast:
-            return torch.cat([_generate(model, chunk, num_new, total) for chunk in prompts.split(batch_size)])
+            return torch.cat([_generate(model, chunk, num_new, total, pick) for chunk in prompts.split(batch_size)])
     finally:
         model.train(was_training)
 
 
-def _generate(model: TargetLM, prompts: torch.Tensor, num_new: int, capacity: int) -> torch.Tensor:
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
+
+
+def _sampler(temperature: float, seed: int, device: torch.device):
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+    return pick
+
+
+def _generate(model: TargetLM, prompts: torch.Tensor, num_new: int, capacity: int, pick) -> torch.Tensor:
     cache = KVCache(model.cfg.num_hidden_layers, capacity)
     out = torch.empty(prompts.shape[0], num_new, dtype=torch.int64, device=prompts.device)
-    token = model(prompts, logits_from=-1, cache=cache).logits[:, -1].argmax(-1)  # [B]
+    token = pick(model(prompts, logits_from=-1, cache=cache).logits[:, -1])  # [B]
     out[:, 0] = token
     for j in range(1, num_new):
         start = prompts.shape[1] + j - 1
-        token = model(token[:, None], logits_from=-1, cache=cache, start=start).logits[:, -1].argmax(-1)
+        token = pick(model(token[:, None], logits_from=-1, cache=cache, start=start).logits[:, -1])
         out[:, j] = token
     return out
