@@ -60,7 +60,7 @@ from benchmarks.common import (
     write_results,
 )
 from benchmarks.decode_steps import Plan, choice_cost_us, measure_decoder
-from benchmarks.stage_floors import add_stage_floors, floor_columns, stage_bytes
+from benchmarks.stage_floors import add_drafter_shares, add_stage_floors, drafter_columns, floor_columns, stage_bytes
 from engine.config import DecodeConfig, ModelConfig, buckets_up_to
 from engine.decoding.auto_budget import MAX_BACKOFF, AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, Decoder
@@ -276,6 +276,8 @@ STEP_COLUMNS = [
 ]
 FLOOR_COLUMNS = floor_columns([Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"),
                                Column("noise", "noise", "{:g}")])
+DRAFTER_COLUMNS = drafter_columns([Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}")])
+DRAFTER_TABLE = "the drafter against its floor, and its share at Kimi-K2's depth (stage timers on)"
 PARALLEL_STEP_COLUMNS = [c for c in STEP_COLUMNS if "floor" not in c.key] + [Column("comm_share", "comm", "{:.1%}")]
 EXPERT_COLUMNS = [
     Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),
@@ -361,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         add_speedups(rows)
         add_comm_share(rows)
     layers = layer_rows(model, device, info.ceilings.copy_tbps, args.quick) if shard is None else []
+    if shard is None:
+        add_drafter_shares(rows, cfg)
     name = "k2-quick" if args.quick else f"kimi-k2-{cfg.num_hidden_layers}-layers"
     results = {"model_name": name, "model": cfg.to_dict(), "model_bytes": size, "moe_path": model.moe_path,
                "plan": asdict(plan), "num_counted": num_counted, "world_size": world, "parallel": model.layout(),
@@ -377,15 +381,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["auto"] = auto
     tables = {"setup": setup, "steps": markdown_table(rows, columns), "speedup vs budget": speedup_chart(rows),
               "auto budget": markdown_table(auto, AUTO_COLUMNS), "experts": markdown_table(rows, EXPERT_COLUMNS)}
+    drafting = [r for r in rows if "drafter_ms" in r]
     if shard is None:
         tables["stages against their floor (stage timers on; floor: the bytes each stage reads)"] = markdown_table(
             rows, FLOOR_COLUMNS)
+        tables[DRAFTER_TABLE] = markdown_table(drafting, DRAFTER_COLUMNS)
     if layers:
         tables["moe layer"] = markdown_table(layers, LAYER_COLUMNS)
     print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{speedup_chart(rows)}\n\n{text_table(auto, AUTO_COLUMNS)}\n\n"
           f"{text_table(rows, EXPERT_COLUMNS)}\n")
     if shard is None:
-        print(f"stages against their floor (ms; x: stage time / floor)\n{text_table(rows, FLOOR_COLUMNS)}\n")
+        print(f"stages against their floor (ms; x: stage time / floor)\n{text_table(rows, FLOOR_COLUMNS)}\n\n"
+              f"{DRAFTER_TABLE}\n{text_table(drafting, DRAFTER_COLUMNS)}\n")
     if layers:
         print(f"{text_table(layers, LAYER_COLUMNS)}\n")
     failed = num_failed(rows) + sum(bool(r.get("graph_error")) for r in rows)

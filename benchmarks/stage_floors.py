@@ -48,3 +48,38 @@ def floor_columns(key_columns: Sequence[Column]) -> list[Column]:
         out += [Column(f"floor_ms_{stage}", f"{name} floor ms", "{:.4f}"),
                 Column(f"over_floor_{stage}", f"{name} x", "{:.2f}")]
     return out
+
+
+KIMI_K2_LAYERS = 61  # Kimi-K2's depth: one dense layer, then MoE layers
+
+
+def add_drafter_shares(rows: list[dict], cfg, num_layers: int = KIMI_K2_LAYERS) -> None:
+    """Each drafting row's drafter (its forward and its context update, stage-timed) against its own bytes floor,
+    as a share of the measured step, and as a share of the step of a num_layers-deep model extrapolated from the
+    per-layer stage times (attention per layer, the dense MLP and the MoE layers each at their own mean; the
+    rest of the step as measured): beside a shallow target the drafter's share is inflated."""
+    num_dense = cfg.first_k_dense_replace
+    num_moe = cfg.num_hidden_layers - num_dense
+    for row in rows:
+        times = row.get("stage_ms") or {}
+        drafter = times.get("step/draft", 0.0) + times.get("step/draft_update", 0.0)
+        if not drafter or "step" not in times or not row.get("floor_ms_draft"):  # the oracle reads nothing
+            continue
+        attn = times.get("step/verify/layer*/attn", 0.0) / cfg.num_hidden_layers
+        dense = times.get("step/verify/layer*/mlp", 0.0) / num_dense if num_dense else 0.0
+        moe = times.get("step/verify/layer*/moe", 0.0) / num_moe if num_moe else 0.0
+        measured_layers = attn * cfg.num_hidden_layers + dense * num_dense + moe * num_moe
+        full_layers = attn * num_layers + dense * num_dense + moe * (num_layers - num_dense)
+        floor = row["floor_ms_draft"] + (row.get("floor_ms_draft_update") or 0.0)
+        row.update(drafter_ms=drafter, drafter_floor_ms=floor, drafter_over_floor=over_floor(drafter, floor),
+                   drafter_share=drafter / times["step"], full_depth_step_ms=times["step"] - measured_layers
+                   + full_layers)
+        row["drafter_share_full_depth"] = drafter / row["full_depth_step_ms"]
+
+
+def drafter_columns(key_columns: Sequence[Column]) -> list[Column]:
+    return [*key_columns, Column("drafter_ms", "drafter ms", "{:.3f}"),
+            Column("drafter_floor_ms", "drafter floor ms", "{:.3f}"), Column("drafter_over_floor", "x", "{:.2f}"),
+            Column("drafter_share", "share of the step", "{:.1%}"),
+            Column("full_depth_step_ms", f"{KIMI_K2_LAYERS}-layer step ms", "{:.2f}"),
+            Column("drafter_share_full_depth", f"share at {KIMI_K2_LAYERS} layers", "{:.1%}")]

@@ -11,6 +11,7 @@ import pytest
 from test_benchmarks import REPO, assert_positive, check_header, run_quick
 
 from benchmarks.bench_moe import (
+    DRAFTER_TABLE,
     LAYER_TOKENS,
     MODEL_BYTES,
     kimi_k2,
@@ -19,7 +20,7 @@ from benchmarks.bench_moe import (
     quick_k2,
     uniform_touched,
 )
-from benchmarks.stage_floors import FLOOR_STAGES
+from benchmarks.stage_floors import FLOOR_STAGES, KIMI_K2_LAYERS
 from engine.model.read_bytes import TargetBytes
 
 
@@ -78,6 +79,28 @@ def test_bench_moe_prints_each_stage_against_its_floor(moe_run):
         assert r["over_floor_verify"] > 0 and (r["mode"] == "AR") == ("floor_ms_draft" not in r)
     learned = [r for r in data["rows"] if r["drafter"] == "dflash" and r["budget"] != "auto"]
     assert all(r["floor_ms_draft"] > 0 and r["over_floor_draft"] > 0 for r in learned)
+
+
+def test_bench_moe_prints_the_drafter_against_its_floor_and_at_kimi_k2_depth(moe_run):
+    """The DFlash rows' drafter (forward + context update) time, floor and share of the step, and its share of a
+    61-layer step extrapolated from the per-layer stage times, recomputed here from each row's stage times."""
+    stdout, data, md = moe_run
+    assert DRAFTER_TABLE in stdout and f"## {DRAFTER_TABLE}" in md
+    cfg = quick_k2()
+    drafting = [r for r in data["rows"] if "drafter_ms" in r]
+    assert drafting and all(r["drafter"] == "dflash" for r in drafting)
+    for r in drafting:
+        t = r["stage_ms"]
+        drafter = t["step/draft"] + t.get("step/draft_update", 0.0)
+        assert r["drafter_ms"] == pytest.approx(drafter) and r["drafter_share"] == pytest.approx(drafter / t["step"])
+        layer_ms = {"attn": t["step/verify/layer*/attn"] / cfg.num_hidden_layers,
+                    "mlp": t.get("step/verify/layer*/mlp", 0.0) / cfg.first_k_dense_replace,
+                    "moe": t["step/verify/layer*/moe"] / (cfg.num_hidden_layers - cfg.first_k_dense_replace)}
+        deeper = (KIMI_K2_LAYERS - cfg.num_hidden_layers) * (layer_ms["attn"] + layer_ms["moe"])
+        assert r["full_depth_step_ms"] == pytest.approx(t["step"] + deeper)
+        assert r["drafter_share_full_depth"] == pytest.approx(drafter / (t["step"] + deeper))
+        assert r["drafter_share_full_depth"] < r["drafter_share"]
+        assert r["drafter_floor_ms"] == pytest.approx(r["floor_ms_draft"] + r.get("floor_ms_draft_update", 0.0))
 
 
 def test_kimi_k2_layers_fill_the_budget_and_no_more():
