@@ -3,12 +3,21 @@ each must read (profiling/stage_floor.py), counted over a few steps of a fresh d
 routed experts each verify touched, the prefix length, the tree), at the copy bandwidth measured in the run."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from benchmarks.common import Column
 from engine.decoding.decoder import Decoder
 from engine.records import StepRecord
-from profiling.stage_floor import STAGES, FloorModel, mean_bytes, over_floor, stage_order, stage_times_ms
+from profiling.stage_floor import (
+    DRAFTER_STAGES,
+    STAGES,
+    FloorModel,
+    mean_bytes,
+    over_floor,
+    stage_order,
+    stage_times_ms,
+)
 
 FLOOR_STAGES = [s for s in stage_order() if s != "verify/embed"]  # the embedding's rows: nothing to see
 
@@ -62,12 +71,13 @@ def add_drafter_shares(rows: list[dict], cfg, num_layers: int = KIMI_K2_LAYERS) 
     num_moe = cfg.num_hidden_layers - num_dense
     for row in rows:
         times = row.get("stage_ms") or {}
-        drafter = times.get("step/draft", 0.0) + times.get("step/draft_update", 0.0)
+        stages = stage_times_ms(times)
+        drafter = sum(stages.get(s, 0.0) for s in DRAFTER_STAGES)
         if not drafter or "step" not in times or not row.get("floor_ms_draft"):  # the oracle reads nothing
             continue
-        attn = times.get("step/verify/layer*/attn", 0.0) / cfg.num_hidden_layers
-        dense = times.get("step/verify/layer*/mlp", 0.0) / num_dense if num_dense else 0.0
-        moe = times.get("step/verify/layer*/moe", 0.0) / num_moe if num_moe else 0.0
+        attn = stages.get("verify/attn", 0.0) / cfg.num_hidden_layers
+        dense = _layers_ms(times, "mlp") / num_dense if num_dense else 0.0
+        moe = _layers_ms(times, "moe") / num_moe if num_moe else 0.0
         measured_layers = attn * cfg.num_hidden_layers + dense * num_dense + moe * num_moe
         full_layers = attn * num_layers + dense * num_dense + moe * (num_layers - num_dense)
         floor = row["floor_ms_draft"] + (row.get("floor_ms_draft_update") or 0.0)
@@ -75,6 +85,11 @@ def add_drafter_shares(rows: list[dict], cfg, num_layers: int = KIMI_K2_LAYERS) 
                    drafter_share=drafter / times["step"], full_depth_step_ms=times["step"] - measured_layers
                    + full_layers)
         row["drafter_share_full_depth"] = drafter / row["full_depth_step_ms"]
+
+
+def _layers_ms(ranges_ms: dict[str, float], part: str) -> float:
+    """The time of one part ("mlp", "moe") summed over the layers, per-layer ranges or collapsed ("layer*")."""
+    return sum(v for k, v in ranges_ms.items() if re.fullmatch(rf"step/verify/layer(\d+|\*)/{part}", k))
 
 
 def drafter_columns(key_columns: Sequence[Column]) -> list[Column]:
