@@ -4,7 +4,7 @@
 #   check: gpu-check, verify and the sanitizers      bench: the kernel and decode benchmarks
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
 #   pair: train the shipped target and its DFlash drafter (showcase presets, resumable) into $PAIR, tar them
-#         into $OUT, then bench_pair
+#         into $OUT in parts, then bench_pair (BENCH_ARGS) with what is left of TOTAL_S
 #   parallel: on a machine of several GPUs, bench_moe at a fixed model over 1, 2, 4, ... ranks (torchrun, NCCL),
 #         then the parallel CPU tests; NVLink multicast stays off (the three variables below)
 set -uo pipefail
@@ -14,8 +14,8 @@ export PYTHONUNBUFFERED=1 DDTREE_BUILD_DIR=/tmp/ddtree-build
 # its first error message; the loader's error-path probe says so. The system g++ links it dynamically.
 export CXX=/usr/bin/g++
 mode=${1:-check}
-PAIR=${PAIR:-/tmp/pair/ddtree-py-7m}
-CORPUS=${CORPUS:-.corpus/cpython-3.11-lib}
+PAIR=${PAIR:-/tmp/pair/ddtree-py-17m}
+CORPUS=${CORPUS:-.corpus/stdlib-torch.tar.xz}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"
 if [ "$mode" = check ] || [ "$mode" = full ]; then
@@ -47,25 +47,32 @@ if [ "$mode" = parallel ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_parallel.py 2>&1 | tail -3 | tee "$OUT/parallel_tests.log"
 fi
 # The shipped pair, resumable: each stage continues a paused or interrupted run in $PAIR, or skips a finished one.
-train() {  # train(label, dir, seconds, command...)
+# $PAIR stays on the machine between calls while it is held (checkpoints hold optimizer state, too large to bring back).
+train() {  # train(label, dir, seconds, command...): skipped when under a minute is left
   local label=$1 dir=$2 seconds=$3; shift 3
   local resume=(); compgen -G "$dir/checkpoints/step-*.pt" >/dev/null && resume=(--resume)
   if [ -f "$dir/training.json" ] && [ -z "${resume[*]}" ]; then echo "$dir holds a finished run"; return; fi
+  if [ "$seconds" -lt 60 ]; then echo "$label: ${seconds} s left, not started (the next call resumes)"; return; fi
   timeout "$seconds" "$@" "${resume[@]}" 2>&1 | tr '\r' '\n' | tee -a "$OUT/train_$label.log"
 }
-if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), the pair tarred into $OUT, bench_pair
+if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), the pair into $OUT, bench_pair
+  total=${TOTAL_S:-560}
   python3 -c "import kernels; kernels.load()" >"$OUT/build.log" 2>&1 &
   if [[ "$CORPUS" == *.tar.xz ]]; then  # a packed corpus (stage_corpus --with-torch): unpacked once per machine
     unpacked=/tmp/corpus/$(basename "$CORPUS" .tar.xz)
     [ -d "$unpacked" ] || { mkdir -p "$unpacked" && tar -xJf "$CORPUS" -C "$unpacked"; }
     CORPUS=$unpacked
   fi
-  train target "$PAIR" "${TARGET_S:-330}" python3 -m engine train-target --out "$PAIR" --preset showcase \
-    --corpus-dir "$CORPUS"
-  train drafter "$PAIR/dflash" $(( ${TOTAL_S:-560} - SECONDS - 90 )) python3 -m engine train-drafter \
-    --target "$PAIR" --preset showcase --corpus-dir "$CORPUS"
+  train target "$PAIR" $(( ${TARGET_S:-330} < total - SECONDS - 30 ? ${TARGET_S:-330} : total - SECONDS - 30 )) \
+    python3 -m engine train-target --out "$PAIR" --preset showcase --corpus-dir "$CORPUS"
+  [ -f "$PAIR/training.json" ] && train drafter "$PAIR/dflash" $(( total - SECONDS - 90 )) \
+    python3 -m engine train-drafter --target "$PAIR" --preset showcase --corpus-dir "$CORPUS"
   wait
-  tar -C "$(dirname "$PAIR")" -cf "$OUT/pair.tar" "$(basename "$PAIR")"  # checkpoints too: a later call resumes
-  timeout $(( ${TOTAL_S:-560} - SECONDS )) python3 -m benchmarks.bench_pair --model "$PAIR" --device cuda \
-    --out "$OUT" 2>&1 | tee "$OUT/bench_pair.log"
+  # The shipped files (no checkpoints) in parts under the 16 MiB a returned file may have: cat pair.tar.part-* | tar -x
+  [ -f "$PAIR/training.json" ] && tar -C "$(dirname "$PAIR")" --exclude=checkpoints --exclude=sequences.pt -cf - "$(basename "$PAIR")" \
+    | split -b 15M - "$OUT/pair.tar.part-"
+  if [ -f "$PAIR/dflash/training.json" ] && [ $(( total - SECONDS )) -ge 120 ]; then
+    timeout $(( total - SECONDS )) python3 -m benchmarks.bench_pair --model "$PAIR" --device cuda \
+      ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench_pair.log"
+  fi
 fi

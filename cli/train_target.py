@@ -25,6 +25,7 @@ from engine.loaders.text import TOKENIZER_FILE, Tokenizer, train_bpe
 from engine.training.checkpointing import load_checkpoint, remove_checkpoints, restore_checkpoint
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.data import WindowSampler, eval_windows, token_stream
+from engine.training.drafter_data import load_frozen_target
 from engine.training.export import TARGET_SAVE_DTYPES, save_hf_dir
 from engine.training.generate import distinct_ngram_rate, greedy_generate
 from engine.training.loop import Trainer
@@ -91,15 +92,20 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
-def _sample(model: TargetLM, recipe: Recipe, prompts: torch.Tensor, tokenizer: Tokenizer) -> dict:
-    """Greedy continuations of the held-out prompts: their distinct-4-gram rate, and the first one as text."""
+def _sample(model: TargetLM, recipe: Recipe, prompts: torch.Tensor, tokenizer: Tokenizer) -> tuple[dict, list[int]]:
+    """Greedy continuations of the held-out prompts: their distinct-4-gram rate, the order prompts.json lists the
+    prompts in (first the one whose continuation repeats itself least, the default prompt, then the rest as drawn),
+    and that first one as text."""
     prompts = prompts.to(recipe.device)
     dtype = "bfloat16" if recipe.device == "cuda" else "float32"
-    tokens = greedy_generate(model, prompts, recipe.sample_new_tokens, dtype=dtype)
+    tokens = greedy_generate(model, prompts, recipe.sample_new_tokens, dtype=dtype).tolist()
+    rates = [distinct_ngram_rate([row], 4) for row in tokens]
+    best = max(range(len(rates)), key=lambda i: (rates[i], -i))
+    order = [best] + [i for i in range(len(rates)) if i != best]
     return {"prompts": recipe.sample_prompts, "prompt_tokens": recipe.sample_prompt_len,
-            "new_tokens": recipe.sample_new_tokens, "distinct_4gram_rate": distinct_ngram_rate(tokens, 4),
-            "example": {"prompt": tokenizer.decode(prompts[0].tolist()),
-                        "continuation": tokenizer.decode(tokens[0].tolist())}}
+            "new_tokens": recipe.sample_new_tokens, "distinct_4gram_rate": sum(rates) / len(rates),
+            "example": {"prompt": tokenizer.decode(prompts[best].tolist()),
+                        "continuation": tokenizer.decode(tokens[best]), "distinct_4gram_rate": rates[best]}}, order
 
 
 def train_target(args: argparse.Namespace) -> int:
@@ -158,6 +164,10 @@ def train_target(args: argparse.Namespace) -> int:
         print(f"paused at step {trainer.step}: continue with --resume --out {out}", file=sys.stderr)
         return 0
     last = trainer.history.intervals[-1]
+    with writing(out):
+        save_hf_dir(model, out, recipe.save_dtype, tokenizer.end_of_text_id)
+    # The greedy sample of the model as saved (its dtype's rounding included): the continuations a user gets.
+    sample, order = _sample(load_frozen_target(out, recipe.device)[0], recipe, prompts, tokenizer)
     report = {
         "commands": trainer.history.commands, "recipe": recipe.to_dict(), "model_config": cfg.to_dict(),
         "num_parameters": sum(p.numel() for p in model.parameters()), "device": _device_name(recipe.device),
@@ -168,13 +178,13 @@ def train_target(args: argparse.Namespace) -> int:
         "epochs": trainer.sampler.epochs_at(trainer.step), "wall_time_s": trainer.history.wall_s,
         "setup_time_s": setup_s, "resumed_at": trainer.history.resumed_at,
         "final_train_loss": last["train_loss"], "final_val_loss": last["val_loss"],
-        "greedy_sample": _sample(model, recipe, prompts, tokenizer), "intervals": trainer.history.intervals,
+        "greedy_sample": sample, "intervals": trainer.history.intervals,
     }
     with writing(out):
-        save_hf_dir(model, out, recipe.save_dtype, tokenizer.end_of_text_id)
         (out / PROMPTS_FILE).write_text(json.dumps({
             "source": f"the held-out split of {corpus.name} (engine/training/corpus.py), drawn with seed {recipe.seed}",
-            "prompts": [{"text": tokenizer.decode(ids.tolist())} for ids in prompts]}, indent=2) + "\n")
+            "order": "first the prompt whose greedy continuation has the highest distinct-4-gram rate, then as drawn",
+            "prompts": [{"text": tokenizer.decode(prompts[i].tolist())} for i in order]}, indent=2) + "\n")
         (out / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
         remove_checkpoints(out)
     print(f"wrote {out}: {report['num_parameters'] / 1e6:.2f} M parameters, {trainer.step} steps, "

@@ -31,6 +31,7 @@ from engine.model.cache import LatentCache
 from engine.model.fixtures import random_weights, tiny_config
 from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
+from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.data import WindowSampler, eval_windows
 from engine.training.export import (
     FP8_BLOCK,
@@ -188,6 +189,20 @@ def test_tiny_recipe_learns_and_the_engine_decodes_it(tiny_target_run):
     ours = greedy_generate(model, torch.tensor([prompt]), num_new=24)[0].tolist()
     assert_greedy_equal(ar.tokens, ar.logits, ours)
     assert isinstance(tokenizer.decode(ar.tokens), str)
+
+    # prompts.json leads with the prompt whose greedy continuation repeats itself least (the default prompt)
+    recipe = PRESETS["tiny"]
+    drawn = torch.from_numpy(draw_prompts(load_corpus(None), tokenizer, recipe.sample_prompts,
+                                          recipe.sample_prompt_len, recipe.seed))
+    rows = greedy_generate(model, drawn, num_new=recipe.sample_new_tokens).tolist()
+    rates = [len({tuple(r[i:i + 4]) for i in range(len(r) - 3)}) / (len(r) - 3) for r in rows]
+    best = rates.index(max(rates))
+    order = [best] + [i for i in range(len(rows)) if i != best]
+    texts = [p["text"] for p in json.loads((out / "prompts.json").read_text())["prompts"]]
+    assert texts == [tokenizer.decode(drawn[i].tolist()) for i in order]
+    assert report["greedy_sample"]["example"]["prompt"] == texts[0]
+    assert report["greedy_sample"]["example"]["distinct_4gram_rate"] == pytest.approx(rates[0])
+    assert report["greedy_sample"]["distinct_4gram_rate"] == pytest.approx(sum(rates) / len(rates))
 
 
 @pytest.fixture(scope="module")
