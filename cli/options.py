@@ -57,13 +57,16 @@ def add_drafter_args(p: argparse.ArgumentParser) -> None:
 
 def add_decode_args(p: argparse.ArgumentParser, budget: bool = True, max_new_default: int | None = None) -> None:
     """One flag per DecodeConfig field, from its Setting (sweep passes budget=False: it takes --budgets). --max-new
-    defaults to max_new_default, else (None) to decode_config's rule."""
+    defaults to max_new_default, else (None) to decode_config's rule; --block-size (None) to decode_config's."""
     for opt in options_of(DecodeConfig):
         if opt.name == "budget" and not budget:
             continue
         if opt.name == "max_new_tokens":
             _add_option(p, opt, max_new_default, default_text=str(max_new_default) if max_new_default is not None
                         else f"the fixture's golden length for its own prompt, else {opt.default}")
+        elif opt.name == "block_size":
+            _add_option(p, opt, None, default_text=f"the drafter's own: a DFlash checkpoint's block_size, the one it "
+                                                   f"was trained at; else {opt.default}")
         else:
             _add_option(p, opt, opt.default, default_text=str(opt.default))
 
@@ -151,15 +154,19 @@ def prompt_text(args: argparse.Namespace, ckpt: Checkpoint) -> tuple[str | None,
     return args.prompt_text, "--prompt-text"
 
 
-def decode_config(args: argparse.Namespace, ckpt: Checkpoint, prompt: list[int]) -> DecodeConfig:
-    """--max-new defaults to the fixture's golden length for its own prompt, else to DecodeConfig's. A value out
-    of its field's range is a CliError naming the flag."""
+def decode_config(args: argparse.Namespace, ckpt: Checkpoint, prompt: list[int],
+                  drafter: DrafterSpec | None = None) -> DecodeConfig:
+    """--max-new defaults to the fixture's golden length for its own prompt, else to DecodeConfig's; --block-size to
+    the drafter's own block size (DrafterSpec.default_block_size: a DFlash checkpoint's), else (no drafter given) to
+    DecodeConfig's. A value out of its field's range is a CliError naming the flag."""
     values = {}
     for opt in (o for o in options_of(DecodeConfig) if hasattr(args, o.setting.dest)):  # sweep has no --budget
         value = getattr(args, opt.setting.dest)
         if opt.name == "max_new_tokens" and value is None:
             own = ckpt.golden_tokens is not None and ckpt.prompt is not None and prompt == ckpt.prompt.tolist()
             value = len(ckpt.golden_tokens) if own else opt.default
+        if opt.name == "block_size" and value is None:
+            value = opt.default if drafter is None else drafter.default_block_size()
         if isinstance(value, AutoBudget):  # --budget auto[:MAX]
             values["auto_budget"], value = True, value.maximum
         elif opt.name == "auto_budget" and values.get("auto_budget"):

@@ -15,6 +15,6 @@ def request_from_args(args: argparse.Namespace, drafter: DrafterSpec | None = No
     drafter takes none). A command without --tree decodes DDTree beside AR."""
     ckpt = opts.load_checkpoint(args)
     prompt = opts.pick_prompt(args, ckpt)
-    config = opts.decode_config(args, ckpt, prompt)
-    return DecodeRequest(ckpt, tuple(prompt), config, drafter or opts.drafter_spec(args),
-                         TREES[getattr(args, "tree", "tree")])
+    drafter = drafter or opts.drafter_spec(args)
+    config = opts.decode_config(args, ckpt, prompt, drafter)  # --block-size left out: the drafter's own
+    return DecodeRequest(ckpt, tuple(prompt), config, drafter, TREES[getattr(args, "tree", "tree")])

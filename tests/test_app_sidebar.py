@@ -1,19 +1,26 @@
 """The sidebar's settings (Streamlit's AppTest): one DecodeConfig behind them, a change named in the sidebar's own
 words, the live settings locked while a recording is shown, a combination the config refuses named in the sidebar,
-and nothing from a link or a path rendered as markdown."""
+nothing from a link or a path rendered as markdown, and the block size following the drafter (a DFlash checkpoint's
+own) unless it was set by hand or by a link."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import re
 import shutil
 
+import pytest
+from dflash_dirs import small_layout
 from recordings import record
-from test_app import ROOT, metric, press, run, start
-from test_app_query import link_notice, open_link
+from test_app import FIXTURE, ROOT, metric, press, run, start
+from test_app_query import link_notice, open_link, params_of
 
 from engine.config import DecodeConfig
 from engine.drafters import DrafterSpec
+from engine.loaders.dflash_checkpoint import dflash_dir_beside
+from engine.loaders.shipped import DEFAULT_MODEL
+from engine.model.dflash_fixtures import make_dflash_dir
 from ui.settings import LOCKED, Settings
 
 UNESCAPED_LINK = re.compile(r"(?<!\\)\]\(")  # the middle of [text](url) or ![alt](url), as markdown renders it
@@ -102,3 +109,80 @@ def test_nothing_from_a_link_or_a_path_renders_as_markdown(tmp_path):
     at.sidebar.number_input(key="budget").set_value(7)
     run(at)
     assert not [text for text in shown_text(at) if UNESCAPED_LINK.search(text)]
+
+
+NATIVE = 16  # the tests' drafter's block size, the shipped drafter's: not DecodeConfig's default
+DEFAULT = DecodeConfig().block_size
+
+
+@pytest.fixture()
+def target_with_drafter(tiny_checkpoint, tmp_path):
+    """A copy of the tiny fixture with a DFlash drafter trained at block size NATIVE beside it (<target>-dflash/)."""
+    target = tmp_path / "tiny.kdtr"
+    shutil.copy(FIXTURE, target)
+    make_dflash_dir(tmp_path / "tiny-dflash", small_layout(tiny_checkpoint.config, "plain", block_size=NATIVE))
+    return target
+
+
+def block_size(at) -> int:
+    shown = at.sidebar.number_input(key="block_size").value
+    assert at.session_state["live"].settings.config.block_size == shown, "the decode takes the shown block size"
+    return shown
+
+
+def block_size_warnings(at) -> list[str]:
+    return [w.value for w in at.sidebar.warning if "block_size" in w.value]
+
+
+def test_the_shipped_pair_opens_at_its_drafters_block_size_with_no_warning():
+    own = json.loads((dflash_dir_beside(DEFAULT_MODEL) / "config.json").read_text())["block_size"]
+    at = start(None)
+    assert at.sidebar.selectbox(key="model").value == DEFAULT_MODEL.name
+    assert at.sidebar.selectbox(key="drafter").value == "dflash"
+    assert block_size(at) == own and not block_size_warnings(at)
+
+
+def test_the_block_size_follows_the_drafter_unless_set_by_hand(target_with_drafter):
+    at = start()
+    assert block_size(at) == DEFAULT, "the oracle: DecodeConfig's default"
+    at.sidebar.text_input(key="model_path").set_value(str(target_with_drafter))
+    run(at)
+    assert at.sidebar.selectbox(key="drafter").value == "dflash"
+    assert block_size(at) == NATIVE and not block_size_warnings(at), "the drafter's own, as the CLI's default"
+    at.sidebar.number_input(key="block_size").set_value(12)
+    run(at)
+    at.sidebar.number_input(key="budget").set_value(9)
+    run(at)
+    assert block_size(at) == 12, "set by hand for the same drafter: it stays"
+    [warning] = block_size_warnings(at)
+    assert f"block_size 12 differs from the checkpoint's {NATIVE}" in warning, "and the mismatch is said"
+
+    at.sidebar.selectbox(key="drafter").set_value("oracle")
+    run(at)
+    assert block_size(at) == DEFAULT and not block_size_warnings(at)
+    at.sidebar.number_input(key="block_size").set_value(5)
+    run(at)
+    at.sidebar.slider(key="noise").set_value(0.3)
+    run(at)
+    assert block_size(at) == 5, "the oracle's own settings leave a block size set by hand alone"
+    at.sidebar.selectbox(key="drafter").set_value("dflash")
+    run(at)
+    assert block_size(at) == NATIVE, "the drafter chosen again: its own"
+
+    at.sidebar.selectbox(key="model").set_value(FIXTURE.name)  # another target, no drafter beside it
+    run(at)
+    assert at.sidebar.selectbox(key="drafter").value == "oracle" and block_size(at) == DEFAULT
+    at.sidebar.selectbox(key="model").set_value(str(target_with_drafter))
+    run(at)
+    assert block_size(at) == NATIVE and not block_size_warnings(at)
+
+
+def test_a_reload_keeps_a_block_size_set_by_hand(target_with_drafter):
+    at = open_link({"model": str(target_with_drafter)})
+    assert block_size(at) == NATIVE and not block_size_warnings(at)
+    at.sidebar.number_input(key="block_size").set_value(5)
+    run(at)
+    reopened = open_link(params_of(at))
+    assert reopened.sidebar.selectbox(key="drafter").value == "dflash"
+    assert block_size(reopened) == 5, "the link's block size, not the drafter's own"
+    assert f"block_size 5 differs from the checkpoint's {NATIVE}" in block_size_warnings(reopened)[0]

@@ -20,7 +20,7 @@ from engine.loaders.shipped import bundled_models
 from engine.records import TREES
 from engine.settings import Option
 from ui import prompt, resources
-from ui.settings import LABELS, checkpoint, offered, setting_options
+from ui.settings import LABELS, checkpoint, given_block_size, offered, setting_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +110,8 @@ def restore() -> None:
         ss.prompt_for = ss.model
     if adopted & {"drafter", "drafter_model"}:
         ss.drafter_for = ss.model
+    if "block_size" in adopted:
+        given_block_size()
     if problems or refused:
         ss.query_problems = (problems, refused)
 

@@ -151,7 +151,7 @@ def _drafter(target: Checkpoint, locked: bool) -> DrafterSpec | None:
     are bad. A drafter checkpoint box left empty, or still holding the last directory filled in for another
     target, is filled with the DFlash directory beside the target (engine.loaders.dflash_checkpoint.dflash_dir_beside),
     if it has one. A checkpoint is checked as it is typed: the loader's and the fit's errors show here, and
-    decoding waits."""
+    decoding waits. The block size follows the drafter (_follow_block_size)."""
     st.header("Drafter")
     ss = st.session_state
     if ss.get("drafter_for") != ss.model:  # a new target: its own drafter beside it, else the oracle
@@ -167,16 +167,35 @@ def _drafter(target: Checkpoint, locked: bool) -> DrafterSpec | None:
     values = {opt.name: setting_widgets.draw(offered(opt, target)[0], disabled=locked) for opt in options_of(settings)}
     try:
         spec = DrafterSpec(name, **values)
-        if isinstance(spec.options, DFlashSettings):
-            drafter = read_dflash_dir(spec.model)
+        drafter = read_dflash_dir(spec.model) if isinstance(spec.options, DFlashSettings) else None
+        if drafter is not None:
             check_fits(drafter.config, target.config, drafter.source)
-            note = block_size_note(drafter.config, ss.block_size)
-            if note is not None:
-                st.warning(plain(f"Drafter: {note}."))
+        _follow_block_size(spec)
     except ValueError as exc:
         st.error(plain(f"Drafter: {exc}"))
         return None
+    note = None if drafter is None else block_size_note(drafter.config, ss.block_size)
+    if note is not None:
+        st.warning(plain(f"Drafter: {note}."))
     return spec
+
+
+def _follow_block_size(spec: DrafterSpec) -> None:
+    """Before the block size widget is drawn (Streamlit refuses a widget's value set after it): when the drafter, or
+    the settings of one trained at a block size (a DFlash checkpoint directory), differ from those the block size was
+    set for, it takes the drafter's own (DrafterSpec.default_block_size, as the CLI's --block-size left out); one set
+    by hand, or by a link (given_block_size), for the same drafter stays."""
+    ss = st.session_state
+    owner = spec if REGISTRY[spec.name].trained_block_size else spec.name  # the oracle's noise leaves it alone
+    if ss.get("block_size_for") != owner:
+        if not ss.pop("block_size_given", False):
+            ss.block_size = spec.default_block_size()
+        ss.block_size_for = owner
+
+
+def given_block_size() -> None:
+    """The block size was given before the first sidebar (a link): the drafter drawn next keeps it."""
+    st.session_state.block_size_given = True
 
 
 def max_new_tokens_range(ckpt: Checkpoint, prompt_len: int, block_size: int) -> tuple[int, int]:

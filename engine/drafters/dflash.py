@@ -94,6 +94,11 @@ def drafter_for(cfg: DFlashConfig, source: str, identity: tuple, model: TargetMo
     return DFlashDrafter(cfg, weights, model, decode.num_draft_positions, capacity, source)
 
 
+def block_size(settings: DFlashSettings) -> int:
+    """The block size the checkpoint was trained at (its config.json's block_size): a decode's default with it."""
+    return read_dflash_dir(settings.model).config.block_size
+
+
 def build(settings: DFlashSettings, target: DraftTarget) -> DFlashDrafter:
     """Load (once) the checkpoint settings.model names, refuse it where it cannot run on target.model (the loader's
     and check_fits' DFlashLoadError), warn where it runs but is expected to accept less."""

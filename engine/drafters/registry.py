@@ -1,7 +1,8 @@
 """The drafter registry: one entry per drafter (its summary, its settings dataclass, its build function), and the
 one typed spec that the CLI, the dashboard, the sweep, the profiler and the reports pass around (DrafterSpec).
 A new drafter is one module (its settings dataclass with field metadata, and a build function) and one line in
-REGISTRY: the CLI's flags and the sidebar's controls are generated from the settings."""
+REGISTRY: the CLI's flags and the sidebar's controls are generated from the settings. A drafter trained at one
+block size (DFlash) names it there too, and a decode with it defaults to that block size."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine.config import DecodeConfig
 from engine.drafters import dflash, oracle
 from engine.drafters.base import Drafter, DraftTarget
-from engine.settings import ConfigError
+from engine.settings import ConfigError, options_of
+
+DEFAULT_BLOCK_SIZE = next(opt.default for opt in options_of(DecodeConfig) if opt.name == "block_size")
+
+
+def no_block_size(settings: Any) -> None:
+    """A drafter that drafts at any block size alike (the oracle): a decode keeps DecodeConfig's default."""
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +28,12 @@ class DrafterEntry:
     summary: str  # one sentence: what it proposes (CLI and sidebar help)
     settings: type  # a frozen dataclass whose fields carry engine.settings.Setting metadata
     build: Callable[[Any, DraftTarget], Drafter]  # (its settings, the target) -> a fresh drafter
+    block_size: Callable[[Any], int | None] = no_block_size  # (its settings) -> the block size it was trained at
+
+    @property
+    def trained_block_size(self) -> bool:
+        """Whether the drafter was trained at one block size (its settings name it: DFlash's checkpoint)."""
+        return self.block_size is not no_block_size
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -28,7 +43,7 @@ class DrafterEntry:
 
 REGISTRY: dict[str, DrafterEntry] = {
     "oracle": DrafterEntry(oracle.SUMMARY, oracle.OracleSettings, oracle.build),
-    "dflash": DrafterEntry(dflash.SUMMARY, dflash.DFlashSettings, dflash.build),
+    "dflash": DrafterEntry(dflash.SUMMARY, dflash.DFlashSettings, dflash.build, dflash.block_size),
 }
 
 
@@ -65,6 +80,17 @@ class DrafterSpec:
     def settings(self) -> dict:
         """The drafter's settings by name, with their values (report.json's config.drafter, with the name)."""
         return dataclasses.asdict(self.options)
+
+    def native_block_size(self) -> int | None:
+        """The block size the drafter was trained at (a DFlash checkpoint's block_size; its loader's DFlashLoadError
+        when the checkpoint cannot be read), None for one that drafts at any alike (the oracle)."""
+        return REGISTRY[self.name].block_size(self.options)
+
+    def default_block_size(self) -> int:
+        """The block size a decode with this drafter takes when none is given: its native one, else DecodeConfig's
+        default."""
+        native = self.native_block_size()
+        return DEFAULT_BLOCK_SIZE if native is None else native
 
     def label(self) -> str:
         """A short human label: "oracle (noise 0.3, seed 1)", "dflash (models/x/dflash)" (a text setting, a path,
