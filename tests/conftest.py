@@ -1,5 +1,6 @@
-"""Shared fixtures: the committed tiny model, the tiny training recipe's target (trained once per session), and
-the network guard that fails any test (or any process it starts) reaching beyond this machine (netguard/)."""
+"""Shared fixtures: the committed tiny model, the tiny training recipe's target (trained once per session), the
+committed H200 profile report unpacked, and the network guard that fails any test (or any process it starts)
+reaching beyond this machine (netguard/)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +8,7 @@ import io
 import os
 import pathlib
 import sys
+import tarfile
 
 import pytest
 
@@ -36,6 +38,19 @@ def no_network_beyond_this_machine(netguard_log):
         pytest.fail(f"a connection beyond this machine was attempted (and refused):\n{grown[:3000]}")
 
 TINY_FIXTURE = pathlib.Path(__file__).parents[1] / "models" / "model_tiny.kdtr"
+
+
+H200_REPORT_ARCHIVE = pathlib.Path(__file__).parents[1] / "benchmarks" / "reports" / "h200-tiny-fixture.tar.xz"
+
+
+@pytest.fixture(scope="session")
+def h200_report_dir(tmp_path_factory) -> pathlib.Path:
+    """The committed H200 profile report (report.json, the CSVs, trace.json, report.html), unpacked from its
+    archive into a temporary folder."""
+    out = tmp_path_factory.mktemp("h200-report")
+    with tarfile.open(H200_REPORT_ARCHIVE) as archive:
+        archive.extractall(out, filter="data")
+    return out / "h200-tiny-fixture"
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,6 @@ from profiling.report_reader import ReportReadError, read_report, read_report_fi
 from profiling.schema import HONEST_TAU
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-H200_REPORT = ROOT / "benchmarks" / "reports" / "h200-tiny-fixture" / "report.json"
 EXPORT_AGAIN = "export it again"
 
 
@@ -110,9 +109,9 @@ def test_a_text_model_report_carries_its_tokens_pieces_and_text(tmp_path):
         rec.vocabulary.piece(unknown)
 
 
-def test_the_committed_h200_report_opens():
-    rec = read_report_file(H200_REPORT)
-    doc = json.loads(H200_REPORT.read_bytes())
+def test_the_committed_h200_report_opens(h200_report_dir):
+    rec = read_report_file(h200_report_dir / "report.json")
+    doc = json.loads((h200_report_dir / "report.json").read_bytes())
     assert rec.environment["device_name"] == "NVIDIA H200" and rec.capture is not None
     assert [r.num_steps for r in rec.runs.values()] == [doc["runs"][m]["num_steps"] for m in doc["runs"]]
     assert rec.repeats.count == 1, "written before the repeat statistics: the runs alone, one repeat"

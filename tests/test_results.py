@@ -14,7 +14,6 @@ from profiling.schema import REPORT_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_DIR = ROOT / "benchmarks" / "results" / "h200"
-REPORT_DIR = ROOT / "benchmarks" / "reports" / "h200-tiny-fixture"
 
 
 def test_results_md_h200_section_is_the_committed_run_rendered():
@@ -67,17 +66,17 @@ def test_results_name_the_measured_revision(env, expected):
     assert results_md._revision(env) == expected
 
 
-def test_committed_profile_report_is_valid_and_greedy_exact():
-    doc = json.loads((REPORT_DIR / "report.json").read_text())
+def test_committed_profile_report_is_valid_and_greedy_exact(h200_report_dir):
+    doc = json.loads((h200_report_dir / "report.json").read_text())
     jsonschema.validate(doc, REPORT_SCHEMA)
     assert doc["environment"]["device_name"] == "NVIDIA H200" and doc["capture"]
     for mode, summary in doc["summaries"].items():
         assert summary["matches_ar"] and summary["ar_tokens"] == summary["tokens"]
         assert len([s for s in doc["steps"] if s["mode"] == mode]) == summary["num_steps"]
-    with (REPORT_DIR / "kernels.csv").open() as f:
+    with (h200_report_dir / "kernels.csv").open() as f:
         kernels = list(csv.DictReader(f))
     assert {row["mode"] for row in kernels} == set(doc["config"]["modes"])
     assert any(row["name"].endswith("verify_attn") and float(row["device_ms"]) > 0 for row in kernels)
-    trace = json.loads((REPORT_DIR / "trace.json").read_text())
+    trace = json.loads((h200_report_dir / "trace.json").read_text())
     assert trace["traceEvents"]
-    assert "<html" in (REPORT_DIR / "report.html").read_text()[:2000].lower()
+    assert "<html" in (h200_report_dir / "report.html").read_text()[:2000].lower()
