@@ -25,6 +25,7 @@ from engine.config import DecodeConfig
 from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
 from engine.loaders.kdtr import read_kdtr
+from engine.loaders.shipped import DEFAULT_MODEL
 from engine.model.cache import LatentCache
 from engine.model.parallel import ParallelError, Shard, current_shard, init_from_env
 from engine.model.target import TargetModel
@@ -161,8 +162,10 @@ def test_torchrun_runs_the_cli_and_rank_0_writes_every_rank_into_the_trace(tmp_p
     assert {n.split(":")[0] for n in names} == {"rank 0/2", "rank 1/2"}
     ranges = {e["args"]["range"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert any(r.endswith("/attn/allreduce") for r in ranges) and any(r.endswith("/moe/combine") for r in ranges)
+    shipped = json.loads((DEFAULT_MODEL / "config.json").read_text())  # the pair run reads, split in two
     assert json.loads((out / "report.json").read_text())["config"]["parallel"] == {
-        "world_size": 2, "backend": "gloo", "heads_per_rank": 4, "experts_per_rank": 4}
+        "world_size": 2, "backend": "gloo", "heads_per_rank": shipped["num_attention_heads"] // 2,
+        "experts_per_rank": shipped["n_routed_experts"] // 2}
 
 
 @pytest.mark.parametrize(("env", "message"), [
