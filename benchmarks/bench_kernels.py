@@ -2,8 +2,9 @@
 
 verify_attn: ours vs the plain-torch absorbed attention (einsum scores + masked_fill + softmax + einsum) on
 the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours; beside them the batch-invariant mode
-(batch_invariant=True) and its ratio to ours. FlashInfer has no column yet: each run prints whether it imports
-and that it is skipped (it is never a requirement). tree_build: ours vs a Python heapq build
+(batch_invariant=True) and its ratio to ours; where FlashInfer imports (never a requirement), its MLA prefix
+pass alone and the whole verify done with it (benchmarks/flashinfer_mla.py), each against ours and checked
+against the float64 reference; elsewhere each run prints that it is skipped. tree_build: ours vs a Python heapq build
 of the same algorithm over torch.topk, and vs our CPU op on a CPU copy, at V=163840 and again at the tiny
 fixture's V=512 (tree_build_tiny). tree_accept and kv_compact: ours vs
 the plain-torch references of kernels/reference.py. On CUDA, "ours" and the torch attention are timed as
@@ -58,6 +59,8 @@ from benchmarks.common import (
     time_wall,
     write_results,
 )
+from benchmarks.flashinfer_mla import FlashInferVerify
+from benchmarks.flashinfer_mla import load as load_flashinfer
 from kernels import ops, reference
 
 CPU_FULL = Budget(warmup=2, min_reps=5, max_reps=200, target_ms=500.0)
@@ -150,7 +153,7 @@ def attn_cost(n: int, s: int, itemsize: int, num_visible_block: int) -> tuple[in
 
 
 def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, budget: Budget, ceil: Ceilings,
-                     rng: np.random.Generator) -> dict:
+                     rng: np.random.Generator, flashinfer=None) -> dict:
     one = attn_set(n, s, dtype, device, rng)
     num_bytes, flops = attn_cost(n, s, dtype.itemsize, int(one.block_mask.sum()))
     sets = [one] + [attn_set(n, s, dtype, device, rng) for _ in range(num_input_sets(num_bytes) - 1)]
@@ -159,8 +162,14 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
     errors = {"err_ours": rel_err(o, ref_o), "err_torch": rel_err(torch_attention(one), ref_o),
               "err_exact": rel_err(exact_attention(one)[0], ref_o),
               "lse_max_abs_err_ours": float((lse.double() - ref_lse).abs().max())}
+    fi = FlashInferVerify(flashinfer, one) if flashinfer is not None else None
+    if fi is not None:
+        errors |= {"err_fi_prefix": rel_err(fi.prefix(one)[0], float64_attention(prefix_only(one))[0]),
+                   "err_fi_verify": rel_err(fi.verify(one), ref_o)}
     del ref_o, ref_lse, o, lse
     ours = measure(ours_attention, sets, device, budget)
+    fi_prefix = measure(fi.prefix, sets, device, budget) if fi is not None else None
+    fi_verify = measure(fi.verify, sets, device, budget) if fi is not None else None
     base = measure(torch_attention, sets, device, budget)
     exact = measure(exact_attention, sets, device, budget)
     mma = None
@@ -169,6 +178,8 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
             mma = measure(ours_attention, sets, device, budget)
     floor_us = ceil.floor_us(num_bytes, flops)
     mma_text = f"  mma.sync {mma.us:9.1f} us" if mma else ""
+    if fi_prefix is not None:
+        mma_text += f"  FlashInfer prefix {fi_prefix.us:9.1f} us  verify {fi_verify.us:9.1f} us"
     print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us  "
           f"torch/ours {base.us / ours.us:5.2f}  batch-invariant {exact.us:9.1f} us{mma_text}", flush=True)
     return {
@@ -176,6 +187,8 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
         "ours_us": ours.us, "torch_us": base.us, "speedup": ratio(base.us, ours.us),
         "exact_us": exact.us, "exact_over_ours": ratio(exact.us, ours.us),
         "mma_us": mma.us if mma else None, "mma_over_ours": ratio(mma.us, ours.us) if mma else None,
+        "fi_prefix_us": fi_prefix.us if fi_prefix else None, "fi_verify_us": fi_verify.us if fi_verify else None,
+        "ours_over_fi_prefix": ratio(ours.us, fi_prefix.us) if fi_prefix else None,
         "ours_eager_us": ours.eager_us, "torch_eager_us": base.eager_us,
         "speedup_eager": ratio(base.eager_us, ours.eager_us),
         "ours_tbps": num_bytes / ours.us / 1e6, "ours_tflops": flops / ours.us / 1e6,
@@ -184,13 +197,23 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
         "bytes": num_bytes, "flops": flops, "flop_per_byte": flops / num_bytes, **errors,
         "num_sets": len(sets),
         "timings": {"ours": ours.timings, "torch": base.timings, "exact": exact.timings,
-                    **({"mma": mma.timings} if mma else {})},
+                    **({"mma": mma.timings} if mma else {}),
+                    **({"fi_prefix": fi_prefix.timings, "fi_verify": fi_verify.timings} if fi_prefix else {})},
     }
+
+
+def prefix_only(a: AttnSet) -> AttnSet:
+    """The same nodes over the committed rows alone (what FlashInfer's prefix pass computes)."""
+    n = a.q_lat.shape[0]
+    visible = torch.cat([a.visible[:, :a.prefix], torch.zeros(n, n, dtype=torch.bool, device=a.visible.device)], 1)
+    return AttnSet(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, torch.zeros_like(a.block_mask), visible, a.prefix)
 
 
 def bench_verify_attn(g: Grid, device: torch.device, dtype: torch.dtype, budget: Budget, ceil: Ceilings,
                       rng: np.random.Generator) -> list[dict]:
-    return [guarded({"N": n, "S": s}, lambda n=n, s=s: verify_attn_case(n, s, device, dtype, budget, ceil, rng))
+    flashinfer = load_flashinfer()[0] if device.type == "cuda" else None
+    return [guarded({"N": n, "S": s},
+                    lambda n=n, s=s: verify_attn_case(n, s, device, dtype, budget, ceil, rng, flashinfer))
             for s in g.attn_rows for n in g.attn_nodes]
 
 
@@ -199,11 +222,14 @@ ATTN_COLUMNS = [
     Column("torch_us", "torch us", "{:.1f}"), Column("speedup", "torch/ours", "{:.2f}"),
     Column("exact_us", "batch-inv. us", "{:.1f}"), Column("exact_over_ours", "batch-inv./ours", "{:.2f}"),
     Column("mma_us", "mma.sync us", "{:.1f}"), Column("mma_over_ours", "mma.sync/ours", "{:.2f}"),
+    Column("fi_prefix_us", "FlashInfer prefix us", "{:.1f}"), Column("fi_verify_us", "FlashInfer verify us", "{:.1f}"),
+    Column("ours_over_fi_prefix", "ours/FI prefix", "{:.2f}"),
     Column("ours_tbps", "ours TB/s", "{:.3g}"), Column("ours_tflops", "ours TFLOP/s", "{:.3g}"),
     Column("ours_roofline", "ours roofline", "{:.0%}"), Column("torch_tflops", "torch TFLOP/s", "{:.3g}"),
     Column("torch_roofline", "torch roofline", "{:.0%}"), Column("ours_eager_us", "ours eager us", "{:.1f}"),
     Column("torch_eager_us", "torch eager us", "{:.1f}"), Column("err_ours", "err ours", "{:.1e}"),
     Column("err_torch", "err torch", "{:.1e}"), Column("err_exact", "err batch-inv.", "{:.1e}"),
+    Column("err_fi_prefix", "err FI prefix", "{:.1e}"), Column("err_fi_verify", "err FI verify", "{:.1e}"),
 ]
 
 
@@ -333,15 +359,6 @@ SMALL_COLUMNS = [
 SECTIONS = ("verify_attn", "tree_build", "tree_build_tiny", "tree_accept", "kv_compact")
 
 
-def flashinfer_note() -> str:
-    """FlashInfer's MLA kernel is not a requirement, and no column of it is timed yet: say so in every run."""
-    try:
-        import flashinfer  # noqa: F401  (optional; never installed by the project)
-    except Exception as err:  # noqa: BLE001  (any failure to import means: skip it)
-        return f"FlashInfer: skipped (does not import here: {type(err).__name__})"
-    return f"FlashInfer {flashinfer.__version__}: imports, but bench_kernels has no FlashInfer column yet: skipped"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args("ddtree kernel benchmarks at Kimi-K2 shapes, each against its baseline", argv,
@@ -370,7 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"--sections: unknown {unknown}; choose from {', '.join(sections)}")
         sections = {name: sections[name] for name in wanted}
-    print(flashinfer_note(), flush=True)
+    print(load_flashinfer()[1] if device.type == "cuda" else "FlashInfer: skipped (its MLA kernel is CUDA-only)",
+          flush=True)
     tables = {}
     for name, (columns, run) in sections.items():
         outcome = guarded({}, lambda run=run: {"rows": run()})

@@ -1,0 +1,70 @@
+"""benchmarks/flashinfer_mla.py's glue (pages of one row, the prefix-only plan, base-2 log-sum-exp and the merge
+with our tree rows) against the float64 reference, on the CPU. FlashInfer itself is CUDA-only, so it is stood in
+for by a plain-torch model of the contract its 0.5.3 docstrings state: `BatchMLAPagedAttentionWrapper.plan` takes
+int32 indptr/indices/lengths, `run` attends over the planned pages and returns the log-sum-exp in base 2 (unless
+`return_lse_base_on_e`), and `merge_state` merges two (output, base-2 lse) states."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.baselines import attn_set, float64_attention
+from benchmarks.bench_kernels import prefix_only, rel_err
+from benchmarks.flashinfer_mla import FlashInferVerify, load
+
+
+class StandInWrapper:
+    def __init__(self, workspace: torch.Tensor, backend: str) -> None:
+        assert workspace.dtype == torch.int8 and backend == "auto"
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len, num_heads, head_dim_ckv, head_dim_kpe, page_size,
+             causal, sm_scale, q_dtype, kv_dtype) -> None:
+        assert all(t.dtype == torch.int32 for t in (qo_indptr, kv_indptr, kv_indices, kv_len))
+        assert page_size == 1 and not causal and int(kv_len[0]) == int(kv_indptr[-1]) == len(kv_indices)
+        self.rows, self.scale, self.num_heads = kv_indices.long(), sm_scale, num_heads
+        self.num_queries = int(qo_indptr[-1])
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, return_lse=False, return_lse_base_on_e=False):
+        assert q_nope.shape[:2] == (self.num_queries, self.num_heads) and ckv_cache.shape[1] == 1
+        ckv, kpe = ckv_cache[self.rows, 0].float(), kpe_cache[self.rows, 0].float()
+        scores = self.scale * (torch.einsum("nhr,sr->nhs", q_nope.float(), ckv)
+                               + torch.einsum("nhp,sp->nhs", q_pe.float(), kpe))
+        lse = torch.logsumexp(scores, dim=-1)
+        out = torch.einsum("nhs,sr->nhr", torch.softmax(scores, dim=-1), ckv).to(q_nope.dtype)
+        return (out, lse if return_lse_base_on_e else lse / math.log(2.0)) if return_lse else out
+
+
+def stand_in_merge_state(v_a, s_a, v_b, s_b):
+    top = torch.maximum(s_a, s_b)
+    w_a, w_b = torch.exp2(s_a - top)[..., None], torch.exp2(s_b - top)[..., None]
+    merged = (w_a * v_a.float() + w_b * v_b.float()) / (w_a + w_b)
+    return merged.to(v_a.dtype), top + torch.log2(w_a + w_b)[..., 0]
+
+
+STAND_IN = SimpleNamespace(mla=SimpleNamespace(BatchMLAPagedAttentionWrapper=StandInWrapper),
+                           merge_state=stand_in_merge_state)
+
+
+@pytest.mark.parametrize(("n", "s"), [(1, 40), (8, 64), (33, 200)])
+def test_the_prefix_pass_and_the_merged_verify_equal_the_float64_reference(n, s):
+    rng = np.random.default_rng(seed := int(np.random.SeedSequence().entropy % 2**32))
+    torch.manual_seed(seed)
+    a = attn_set(n, s, torch.float32, torch.device("cpu"), rng)
+    fi = FlashInferVerify(STAND_IN, a)
+    prefix_o, prefix_lse = fi.prefix(a)
+    ref_o, ref_lse = float64_attention(prefix_only(a))
+    assert rel_err(prefix_o, ref_o) < 1e-5, seed
+    torch.testing.assert_close(prefix_lse.double() * math.log(2.0), ref_lse, rtol=1e-5, atol=1e-5)
+    assert rel_err(fi.verify(a), float64_attention(a)[0]) < 1e-5, seed
+
+
+def test_without_flashinfer_the_benchmark_says_it_skips_it():
+    module, note = load()
+    if module is None:
+        assert note.startswith("FlashInfer: skipped (does not import here:")
+    else:
+        assert note.startswith(f"FlashInfer {module.__version__}: timed beside ours")
