@@ -63,14 +63,14 @@ if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), th
     [ -d "$unpacked" ] || { mkdir -p "$unpacked" && tar -xJf "$CORPUS" -C "$unpacked"; }
     CORPUS=$unpacked
   fi
-  train target "$PAIR" $(( ${TARGET_S:-330} < total - SECONDS - 30 ? ${TARGET_S:-330} : total - SECONDS - 30 )) \
+  train target "$PAIR" $(( ${TARGET_S:-420} < total - SECONDS - 30 ? ${TARGET_S:-420} : total - SECONDS - 30 )) \
     python3 -m engine train-target --out "$PAIR" --preset showcase --corpus-dir "$CORPUS"
   [ -f "$PAIR/training.json" ] && train drafter "$PAIR/dflash" $(( total - SECONDS - 90 )) \
     python3 -m engine train-drafter --target "$PAIR" --preset showcase --corpus-dir "$CORPUS"
   wait
   # The shipped files (no checkpoints) in parts under the 16 MiB a returned file may have: cat pair.tar.part-* | tar -x
-  [ -f "$PAIR/training.json" ] && tar -C "$(dirname "$PAIR")" --exclude=checkpoints --exclude=sequences.pt -cf - "$(basename "$PAIR")" \
-    | split -b 15M - "$OUT/pair.tar.part-"
+  [ -f "$PAIR/training.json" ] && tar -C "$(dirname "$PAIR")" --exclude=checkpoints --exclude=sequences.pt \
+    -cf - "$(basename "$PAIR")" | split -b 15M - "$OUT/pair.tar.part-"
   if [ -f "$PAIR/dflash/training.json" ] && [ $(( total - SECONDS )) -ge 120 ]; then
     timeout $(( total - SECONDS )) python3 -m benchmarks.bench_pair --model "$PAIR" --device cuda \
       ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench_pair.log"
