@@ -162,14 +162,9 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
     errors = {"err_ours": rel_err(o, ref_o), "err_torch": rel_err(torch_attention(one), ref_o),
               "err_exact": rel_err(exact_attention(one)[0], ref_o),
               "lse_max_abs_err_ours": float((lse.double() - ref_lse).abs().max())}
-    fi = FlashInferVerify(flashinfer, one) if flashinfer is not None else None
-    if fi is not None:
-        errors |= {"err_fi_prefix": rel_err(fi.prefix(one)[0], float64_attention(prefix_only(one))[0]),
-                   "err_fi_verify": rel_err(fi.verify(one), ref_o)}
+    fi, fi_timings = flashinfer_case(flashinfer, one, sets, ref_o, device, budget) if flashinfer else ({}, {})
     del ref_o, ref_lse, o, lse
     ours = measure(ours_attention, sets, device, budget)
-    fi_prefix = measure(fi.prefix, sets, device, budget) if fi is not None else None
-    fi_verify = measure(fi.verify, sets, device, budget) if fi is not None else None
     base = measure(torch_attention, sets, device, budget)
     exact = measure(exact_attention, sets, device, budget)
     mma = None
@@ -177,18 +172,19 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
         with op_setting("DDTREE_VERIFY_ATTN_KERNEL", "mma"):
             mma = measure(ours_attention, sets, device, budget)
     floor_us = ceil.floor_us(num_bytes, flops)
-    mma_text = f"  mma.sync {mma.us:9.1f} us" if mma else ""
-    if fi_prefix is not None:
-        mma_text += f"  FlashInfer prefix {fi_prefix.us:9.1f} us  verify {fi_verify.us:9.1f} us"
+    extra_text = f"  mma.sync {mma.us:9.1f} us" if mma else ""
+    if "fi_prefix_us" in fi:
+        extra_text += f"  FlashInfer prefix {fi['fi_prefix_us']:9.1f} us  verify {fi['fi_verify_us']:9.1f} us"
+    elif "fi_error" in fi:
+        extra_text += f"  FlashInfer failed: {fi['fi_error']}"
     print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us  "
-          f"torch/ours {base.us / ours.us:5.2f}  batch-invariant {exact.us:9.1f} us{mma_text}", flush=True)
+          f"torch/ours {base.us / ours.us:5.2f}  batch-invariant {exact.us:9.1f} us{extra_text}", flush=True)
     return {
         "N": n, "S": s, "prefix_len": s - n, "dtype": str(dtype).removeprefix("torch."),
         "ours_us": ours.us, "torch_us": base.us, "speedup": ratio(base.us, ours.us),
         "exact_us": exact.us, "exact_over_ours": ratio(exact.us, ours.us),
         "mma_us": mma.us if mma else None, "mma_over_ours": ratio(mma.us, ours.us) if mma else None,
-        "fi_prefix_us": fi_prefix.us if fi_prefix else None, "fi_verify_us": fi_verify.us if fi_verify else None,
-        "ours_over_fi_prefix": ratio(ours.us, fi_prefix.us) if fi_prefix else None,
+        **fi, "ours_over_fi_prefix": ratio(ours.us, fi["fi_prefix_us"]) if "fi_prefix_us" in fi else None,
         "ours_eager_us": ours.eager_us, "torch_eager_us": base.eager_us,
         "speedup_eager": ratio(base.eager_us, ours.eager_us),
         "ours_tbps": num_bytes / ours.us / 1e6, "ours_tflops": flops / ours.us / 1e6,
@@ -198,8 +194,23 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
         "num_sets": len(sets),
         "timings": {"ours": ours.timings, "torch": base.timings, "exact": exact.timings,
                     **({"mma": mma.timings} if mma else {}),
-                    **({"fi_prefix": fi_prefix.timings, "fi_verify": fi_verify.timings} if fi_prefix else {})},
+                    **fi_timings},
     }
+
+
+def flashinfer_case(flashinfer, one: AttnSet, sets: Sequence[AttnSet], ref_o: torch.Tensor, device: torch.device,
+                    budget: Budget) -> tuple[dict, dict]:
+    """FlashInfer's columns of one verify_attn case (its errors and times) and their timings, or its error alone:
+    an optional baseline that fails loses none of ours."""
+    try:
+        fi = FlashInferVerify(flashinfer, one)
+        errors = {"err_fi_prefix": rel_err(fi.prefix(one)[0], float64_attention(prefix_only(one))[0]),
+                  "err_fi_verify": rel_err(fi.verify(one), ref_o)}
+        prefix, verify = measure(fi.prefix, sets, device, budget), measure(fi.verify, sets, device, budget)
+    except Exception as err:  # noqa: BLE001  (whatever FlashInfer raises, ours stands)
+        return {"fi_error": f"{type(err).__name__}: {err}"}, {}
+    return ({**errors, "fi_prefix_us": prefix.us, "fi_verify_us": verify.us},
+            {"fi_prefix": prefix.timings, "fi_verify": verify.timings})
 
 
 def prefix_only(a: AttnSet) -> AttnSet:

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from benchmarks.baselines import attn_set, float64_attention
-from benchmarks.bench_kernels import prefix_only, rel_err
+from benchmarks.bench_kernels import flashinfer_case, prefix_only, rel_err
+from benchmarks.common import QUICK
 from benchmarks.flashinfer_mla import FlashInferVerify, load
 
 
@@ -68,3 +69,19 @@ def test_without_flashinfer_the_benchmark_says_it_skips_it():
         assert note.startswith("FlashInfer: skipped (does not import here:")
     else:
         assert note.startswith(f"FlashInfer {module.__version__}: timed beside ours")
+
+
+def test_a_case_times_flashinfer_beside_ours_and_a_failing_flashinfer_loses_none_of_ours():
+    rng = np.random.default_rng(int(np.random.SeedSequence().entropy % 2**32))
+    a = attn_set(8, 64, torch.float32, torch.device("cpu"), rng)
+    ref_o = float64_attention(a)[0]
+    fields, timings = flashinfer_case(STAND_IN, a, [a], ref_o, torch.device("cpu"), QUICK)
+    assert fields["fi_prefix_us"] > 0 and fields["fi_verify_us"] > 0 and set(timings) == {"fi_prefix", "fi_verify"}
+    assert fields["err_fi_prefix"] < 1e-5 and fields["err_fi_verify"] < 1e-5
+
+    def broken_merge(*_):
+        raise RuntimeError("no kernel image for this device")
+
+    broken = SimpleNamespace(mla=STAND_IN.mla, merge_state=broken_merge)
+    assert flashinfer_case(broken, a, [a], ref_o, torch.device("cpu"), QUICK) == (
+        {"fi_error": "RuntimeError: no kernel image for this device"}, {})
