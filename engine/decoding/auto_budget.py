@@ -45,6 +45,7 @@ from engine.records import BudgetChoice, StepRecord
 from engine.timers import StepTimer
 from kernels import ops
 from kernels.graph_switch import graph_switch, side_stream
+from kernels.graph_upload import upload_graph
 
 # AR steps at most between two drafted probes: a probe costs a draft and a two-node verify (about three AR steps at
 # Kimi-K2 width), so with a drafter that never hits the probes cost about 1% of the steps at this spacing.
@@ -123,7 +124,7 @@ class AutoBudgetDecoder(Decoder):
         self.ar_steps_left = 0  # AR steps to take before the next drafted probe
         self.budget_counts: Counter[int] = Counter()  # steps per verified budget (0: an AR step without a draft)
         self.num_seen_generated = 1  # the committed count as of the last step the host has read
-        self.capture_s = 0.0  # host seconds spent capturing graphs (each part's, the first time it runs)
+        self.capture_s = 0.0  # host seconds spent capturing and uploading graphs (each part's, the first time)
         self.last_choice: BudgetChoice | None = None  # the last drafted step's decision, as step() recorded it
         # The back-off's AR steps not yet told to the drafter: their hidden states, in order, and their number (on
         # the host, for the step's control flow, and on the device, for the drafter's commit inside graphs).
@@ -134,7 +135,6 @@ class AutoBudgetDecoder(Decoder):
         self._pending_len = torch.zeros((), dtype=torch.int64, device=dev)
         self._pending_path = torch.arange(MAX_BACKOFF, device=dev)
         self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
-        self._replayed: set[object] = set()  # the graphs replayed at least once
         self._graph_out: dict[object, object] = {}
         self._to_capture: list[object] = []
         self._capture_pool: tuple[int, int] | None = None  # the memory pool of the graph being captured
@@ -260,7 +260,6 @@ class AutoBudgetDecoder(Decoder):
         this step when CUDA graphs are on and the inputs it reads are a captured graph's static buffers)."""
         if key in self._graphs:
             self._graphs[key].replay()
-            self._replayed.add(key)
             return self._graph_out[key]
         if self.cuda_graph and (key in ("draft", "ar") or "draft" in self._graphs):
             self._to_capture.append((key, fn))
@@ -274,7 +273,7 @@ class AutoBudgetDecoder(Decoder):
         verify ran is on the device)."""
         self._read_reports(wait_for=len(self._in_flight) - MAX_IN_FLIGHT + 1)
         key = "ar" if self.ar_steps_left > 0 else "draft"
-        as_decoded = not self.cuda_graph or key in self._replayed  # a graph's first replay uploads it: not a cost
+        as_decoded = not self.cuda_graph or key in self._graphs  # an eager run before the capture is no cost
         chosen = None
         if self.ar_steps_left > 0:
             self.ar_steps_left -= 1
@@ -340,7 +339,8 @@ class AutoBudgetDecoder(Decoder):
         """Capture the parts that ran eagerly in this step (advance calls it; the base class's call after the first
         step finds nothing left to capture). With the drafted step's graph (its verify a switch over every bucket;
         the start-up calibration ran each shape) comes the AR step's, so that no later step runs a part eagerly the
-        first time it chooses it; a catch-up's graph is captured after its first, eager run."""
+        first time it chooses it; a catch-up's graph is captured after its first, eager run. Each graph is uploaded
+        as it is captured (kernels/graph_upload.py), so that its first replay costs what every replay costs."""
         if self._to_capture and self._to_capture[0][0] == "draft" and "draft" not in self._graphs:
             self._to_capture = self._to_capture[:1] + [("ar", self._ar_part)]
         self._sync()  # the work in flight is the decode's: only the capture itself is counted in capture_s
@@ -355,6 +355,7 @@ class AutoBudgetDecoder(Decoder):
                         self._graph_out[key] = fn()
                 finally:
                     self._capture_pool = None
+                upload_graph(graph)
                 self._graphs[key] = graph
         self._to_capture.clear()
         self.timer = timer

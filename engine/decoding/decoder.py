@@ -24,6 +24,7 @@ from engine.model.target import ROW_BLOCK, TargetModel
 from engine.records import MODES, ExpertTraffic, RunRecord, StepRecord, TreeRecord
 from engine.timers import StepTimer
 from kernels import ops
+from kernels.graph_upload import upload_graph
 
 # The stages of a step, in the order they run: each is a StepTimer range "step/<stage>". draft and
 # draft_update are the drafter's (its proposal, and taking in the accepted nodes); AR has neither.
@@ -173,12 +174,13 @@ class Decoder:
         return self._graph is not None
 
     def capture_graph(self) -> None:
-        """Record one step as a CUDA graph (after an eager step warmed everything up); later steps replay it.
-        The tree has a static size (B+1) and all state lives in persistent buffers, so replays chain."""
+        """Record one step as a CUDA graph (after an eager step warmed everything up) and upload it; later steps
+        replay it. The tree has a static size (B+1) and all state lives in persistent buffers, so replays chain."""
         timer, self.timer = self.timer, StepTimer(self.model.device, enabled=False)
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph):
             self._graph_out = self._step_tensors()
+        upload_graph(self._graph)
         self.timer = timer
 
     # -- the host part ---------------------------------------------------------------------------

@@ -30,6 +30,8 @@ TORCH_LIBRARY(ddtree, m) {
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");
   m.def("graph_branch_end(Tensor index, int switch_id) -> ()");
   m.def("graph_switch_end(Tensor index, int switch_id) -> ()");
+  // CUDA only (kernels/graph_upload.py): a captured graph's executable uploaded to its device on the current stream.
+  m.def("graph_upload(int graph_exec) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ddtree, CPU, m) {

@@ -463,8 +463,21 @@ void graph_switch_end(const at::Tensor& index, int64_t switch_id) {
   graph_switches.erase(switch_id);
 }
 
+// -- graph upload (kernels/graph_upload.py) ------------------------------------------------------------------------
+// Without it a graph's first replay uploads it, so the first replay of a large graph costs several replays.
+
+void graph_upload(int64_t graph_exec) {
+  TORCH_CHECK(graph_exec != 0, "graph_upload: graph_exec is 0; pass graph.raw_cuda_graph_exec() of a ",
+              "torch.cuda.CUDAGraph whose capture has ended");
+  C10_CUDA_CHECK(cudaGraphUpload(reinterpret_cast<cudaGraphExec_t>(static_cast<uintptr_t>(graph_exec)),
+                                 c10::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 }  // namespace ddtree::cuda
+
+// No tensor argument picks a backend, so the dispatcher reaches graph_upload through this key.
+TORCH_LIBRARY_IMPL(ddtree, CompositeImplicitAutograd, m) { m.impl("graph_upload", &ddtree::cuda::graph_upload); }
 
 TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("tree_build", &ddtree::cuda::tree_build);
