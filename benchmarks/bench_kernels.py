@@ -173,9 +173,10 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
             mma = measure(ours_attention, sets, device, budget)
     floor_us = ceil.floor_us(num_bytes, flops)
     extra_text = f"  mma.sync {mma.us:9.1f} us" if mma else ""
-    if "fi_prefix_us" in fi:
-        extra_text += f"  FlashInfer prefix {fi['fi_prefix_us']:9.1f} us  verify {fi['fi_verify_us']:9.1f} us"
-    elif "fi_error" in fi:
+    for name in ("prefix", "verify"):
+        if f"fi_{name}_us" in fi:
+            extra_text += f"  FlashInfer {name} {fi[f'fi_{name}_us']:9.1f} us"
+    if "fi_error" in fi:
         extra_text += f"  FlashInfer failed: {fi['fi_error']}"
     print(f"  verify_attn N={n:4d} S={s:6d}: ours {ours.us:9.1f} us  torch {base.us:9.1f} us  "
           f"torch/ours {base.us / ours.us:5.2f}  batch-invariant {exact.us:9.1f} us{extra_text}", flush=True)
@@ -200,17 +201,25 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
 
 def flashinfer_case(flashinfer, one: AttnSet, sets: Sequence[AttnSet], ref_o: torch.Tensor, device: torch.device,
                     budget: Budget) -> tuple[dict, dict]:
-    """FlashInfer's columns of one verify_attn case (its errors and times) and their timings, or its error alone:
-    an optional baseline that fails loses none of ours."""
+    """FlashInfer's columns of one verify_attn case (each pass's error and time) and their timings; a pass that fails
+    leaves its error (fi_error, the first one) and loses neither the other pass nor any of ours."""
+    fields: dict = {}
+    timings: dict = {}
     try:
         fi = FlashInferVerify(flashinfer, one)
-        errors = {"err_fi_prefix": rel_err(fi.prefix(one)[0], float64_attention(prefix_only(one))[0]),
-                  "err_fi_verify": rel_err(fi.verify(one), ref_o)}
-        prefix, verify = measure(fi.prefix, sets, device, budget), measure(fi.verify, sets, device, budget)
     except Exception as err:  # noqa: BLE001  (whatever FlashInfer raises, ours stands)
         return {"fi_error": f"{type(err).__name__}: {err}"}, {}
-    return ({**errors, "fi_prefix_us": prefix.us, "fi_verify_us": verify.us},
-            {"fi_prefix": prefix.timings, "fi_verify": verify.timings})
+    passes = (("prefix", lambda a: fi.prefix(a)[0], lambda: float64_attention(prefix_only(one))[0]),
+              ("verify", fi.verify, lambda: ref_o))
+    for name, run, reference in passes:
+        try:
+            error = rel_err(run(one), reference())
+            timed = measure(run, sets, device, budget)
+        except Exception as err:  # noqa: BLE001
+            fields.setdefault("fi_error", f"{type(err).__name__}: {err}")
+            continue
+        fields[f"err_fi_{name}"], fields[f"fi_{name}_us"], timings[f"fi_{name}"] = error, timed.us, timed.timings
+    return fields, timings
 
 
 def prefix_only(a: AttnSet) -> AttnSet:

@@ -5,8 +5,9 @@ Two ways to time it, both checked against the float64 reference:
 - the prefix pass alone: every node over the S - N committed rows (non-causal, pages of one row), what a serving
   engine's MLA decode kernel does for the tree's prefix;
 - the whole verify: that prefix pass, then the tree's own rows by our verify_attn at prefix_len 0 with the node
-  mask (FlashInfer's MLA kernel takes no custom mask), merged by `flashinfer.merge_state`. FlashInfer's
-  log-sum-exp is base 2 (its default), ours is natural, so ours is divided by ln 2 before the merge.
+  mask (FlashInfer's MLA kernel takes no custom mask), the two merged by their log-sum-exps (`merge`, in torch:
+  FlashInfer's own merge_state does not launch at R = 512). FlashInfer's log-sum-exp is base 2 (its default),
+  ours is natural, so its is multiplied by ln 2 before the merge.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def load() -> tuple[ModuleType | None, str]:
     except Exception as err:  # noqa: BLE001  (any failure to import means: skip it)
         return None, f"FlashInfer: skipped (does not import here: {type(err).__name__})"
     return flashinfer, (f"FlashInfer {flashinfer.__version__}: timed beside ours (its MLA prefix pass alone, and the "
-                        "prefix pass + our tree rows + merge_state)")
+                        "prefix pass + our tree rows + the merge)")
 
 
 class FlashInferVerify:
@@ -58,5 +59,12 @@ class FlashInferVerify:
         o_prefix, lse_prefix = self.prefix(a)
         tree = ops.verify_attn(a.q_lat, a.q_pe, a.ckv[self._prefix:], a.kpe[self._prefix:], self._no_prefix,
                                a.block_mask, SCALE)
-        merged, _ = self._fi.merge_state(o_prefix, lse_prefix, tree.o_lat, tree.lse / math.log(2.0))
-        return merged
+        return merge(o_prefix, lse_prefix * math.log(2.0), tree.o_lat, tree.lse)
+
+
+def merge(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Two attention states over disjoint key sets ([N, H, R] outputs, [N, H] natural log-sum-exps) as one, in
+    float32 (FlashInfer 0.5.3's merge_state does not launch at R = 512 on the H200: "invalid argument")."""
+    top = torch.maximum(lse_a, lse_b)
+    w_a, w_b = (lse_a - top).exp()[..., None], (lse_b - top).exp()[..., None]
+    return ((w_a * o_a.float() + w_b * o_b.float()) / (w_a + w_b)).to(o_a.dtype)

@@ -2,7 +2,7 @@
 with our tree rows) against the float64 reference, on the CPU. FlashInfer itself is CUDA-only, so it is stood in
 for by a plain-torch model of the contract its 0.5.3 docstrings state: `BatchMLAPagedAttentionWrapper.plan` takes
 int32 indptr/indices/lengths, `run` attends over the planned pages and returns the log-sum-exp in base 2 (unless
-`return_lse_base_on_e`), and `merge_state` merges two (output, base-2 lse) states."""
+`return_lse_base_on_e`). The merge with our tree rows is the glue's own (`merge`)."""
 from __future__ import annotations
 
 import math
@@ -15,7 +15,7 @@ import torch
 from benchmarks.baselines import attn_set, float64_attention
 from benchmarks.bench_kernels import flashinfer_case, prefix_only, rel_err
 from benchmarks.common import QUICK
-from benchmarks.flashinfer_mla import FlashInferVerify, load
+from benchmarks.flashinfer_mla import FlashInferVerify, load, merge
 
 
 class StandInWrapper:
@@ -39,15 +39,7 @@ class StandInWrapper:
         return (out, lse if return_lse_base_on_e else lse / math.log(2.0)) if return_lse else out
 
 
-def stand_in_merge_state(v_a, s_a, v_b, s_b):
-    top = torch.maximum(s_a, s_b)
-    w_a, w_b = torch.exp2(s_a - top)[..., None], torch.exp2(s_b - top)[..., None]
-    merged = (w_a * v_a.float() + w_b * v_b.float()) / (w_a + w_b)
-    return merged.to(v_a.dtype), top + torch.log2(w_a + w_b)[..., 0]
-
-
-STAND_IN = SimpleNamespace(mla=SimpleNamespace(BatchMLAPagedAttentionWrapper=StandInWrapper),
-                           merge_state=stand_in_merge_state)
+STAND_IN = SimpleNamespace(mla=SimpleNamespace(BatchMLAPagedAttentionWrapper=StandInWrapper))
 
 
 @pytest.mark.parametrize(("n", "s"), [(1, 40), (8, 64), (33, 200)])
@@ -79,9 +71,38 @@ def test_a_case_times_flashinfer_beside_ours_and_a_failing_flashinfer_loses_none
     assert fields["fi_prefix_us"] > 0 and fields["fi_verify_us"] > 0 and set(timings) == {"fi_prefix", "fi_verify"}
     assert fields["err_fi_prefix"] < 1e-5 and fields["err_fi_verify"] < 1e-5
 
-    def broken_merge(*_):
-        raise RuntimeError("no kernel image for this device")
+    class BrokenRun(StandInWrapper):  # a FlashInfer whose kernel fails at run time, after planning
+        def run(self, *args, **kwargs):
+            raise RuntimeError("no kernel image for this device")
 
-    broken = SimpleNamespace(mla=STAND_IN.mla, merge_state=broken_merge)
+    broken = SimpleNamespace(mla=SimpleNamespace(BatchMLAPagedAttentionWrapper=BrokenRun))
     assert flashinfer_case(broken, a, [a], ref_o, torch.device("cpu"), QUICK) == (
         {"fi_error": "RuntimeError: no kernel image for this device"}, {})
+
+
+def test_a_failing_verify_pass_keeps_the_prefix_pass(monkeypatch):
+    rng = np.random.default_rng(int(np.random.SeedSequence().entropy % 2**32))
+    a = attn_set(4, 48, torch.float32, torch.device("cpu"), rng)
+
+    def broken_verify(self, _):
+        raise RuntimeError("invalid argument")
+
+    monkeypatch.setattr(FlashInferVerify, "verify", broken_verify)
+    fields, timings = flashinfer_case(STAND_IN, a, [a], float64_attention(a)[0], torch.device("cpu"), QUICK)
+    assert fields["fi_error"] == "RuntimeError: invalid argument" and "fi_verify_us" not in fields
+    assert fields["fi_prefix_us"] > 0 and fields["err_fi_prefix"] < 1e-5 and set(timings) == {"fi_prefix"}
+
+
+def test_the_merge_of_two_key_sets_is_the_attention_over_both():
+    rng = np.random.default_rng(seed := int(np.random.SeedSequence().entropy % 2**32))
+    n, h, r = (int(x) for x in rng.integers(1, 9, 3))
+    scores = torch.as_tensor(rng.normal(size=(n, h, 11)) * 3)
+    values = torch.as_tensor(rng.normal(size=(11, r)))
+    cut = int(rng.integers(1, 10))
+
+    def state(cols):
+        part = scores[..., cols]
+        return torch.einsum("nhs,sr->nhr", part.softmax(-1), values[cols]), part.logsumexp(-1)
+
+    whole = torch.einsum("nhs,sr->nhr", scores.softmax(-1), values)
+    torch.testing.assert_close(merge(*state(slice(0, cut)), *state(slice(cut, 11))), whole, msg=f"seed {seed}")
