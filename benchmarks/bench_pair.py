@@ -9,9 +9,10 @@ profiling.metrics.pooled_tau), beside it the tau of the steps on new text with t
 (profiling/repeated_text.py's rule: a looping target makes tau cheap) and the distinct-4-gram rate of the row's
 continuations, per-position acceptance (pooled alike), and the wall-clock speedup over the AR row of the same
 temperature (CUDA: graph replays). Every speculative run must emit exactly the AR tokens (at T > 0 too: the noise is
-keyed by seed and position). Each decode is run once with its records (tau, acceptance, tokens) and timed through the
-decoder's device path (Decoder.advance; on CUDA the step captured as a graph after one eager step), so the records'
-host bookkeeping stays out of the times: the timed decodes interleave the rows prompt by prompt, in --rounds rounds,
+keyed by seed and position). Each decode is run once with its records (tau, acceptance, tokens; on CUDA its steps
+replayed as graphs after the first, as the timed decodes' are) and timed through the decoder's device path
+(Decoder.advance; on CUDA the step captured as a graph after one eager step), so the records' host bookkeeping stays
+out of the times: the timed decodes interleave the rows prompt by prompt, in --rounds rounds,
 each keeping its fastest (time_rows).
 
     python -m benchmarks.bench_pair [--model DIR] [--device cuda|cpu] [--quick] [--batch-invariant] [--rounds N]
@@ -115,7 +116,8 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
     matches, runs, texts = 0, [], []
     near_ties = real = 0
     for i, prompt in enumerate(prompts):
-        run = make_decoder(ckpt, prompt, seeded(cfg, i), mode, spec, model=model, continuation=[]).run()
+        run = make_decoder(ckpt, prompt, seeded(cfg, i), mode, spec, model=model, continuation=[],
+                           cuda_graph=cfg.device == "cuda").run()
         divergence = first_divergence(ar_runs[i], run) if ar_runs else None
         matches += divergence is None
         near_ties += divergence is not None and divergence["kind"] == NEAR_TIE
@@ -152,7 +154,7 @@ def time_rows(ckpt, model: TargetModel, prompts: list[list[int]], rows: list[dic
     run's prefill). The timed decode must commit what the recorded run committed (an auto budget's: AR's tokens up to
     a numerics near tie, its choices following the timed run's costs), or the prompt counts as a real divergence.
     An auto row also gets the tau and the budgets of its kept timed decodes (`timed_tau`, `timed_chosen`): they
-    follow the costs of the device path, the recorded runs' the eager path's."""
+    follow the costs the timed decode measured, the recorded runs' theirs."""
     best: list[list[tuple[float, int, Counter] | None]] = [[None] * len(prompts) for _ in rows]
     diverged: list[set[int]] = [set() for _ in rows]
     for _ in range(rounds):
@@ -245,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdict = (f"auto ({auto['budget']}): {ratio(auto['tokens_per_s'], best['tokens_per_s']):.3f}x the best fixed "
                f"budget's tokens/s (B = {best['budget']}), {ratio(auto['tokens_per_s'], chain['tokens_per_s']):.3f}x "
                f"the chain's; its timed decodes: tau {auto['timed_tau']:.2f}, budgets verified (B:steps; 0 = AR, no "
-               f"draft) {auto['timed_chosen']} (its recorded, eager runs: {auto['chosen']}); the choice is made on "
+               f"draft) {auto['timed_chosen']} (its recorded runs: {auto['chosen']}); the choice is made on "
                "the device, "
                f"{choice_cost_us(device, buckets_up_to(budgets[-1]), block - 1):.1f} us of device time a drafted step")
     distinct = ar["distinct_4gram_rate"]

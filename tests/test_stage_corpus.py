@@ -1,8 +1,9 @@
-"""benchmarks.stage_corpus: which stdlib (and torch) files the shipped pair's corpus keeps, a refused existing folder
-and a torch other than the pinned one."""
+"""benchmarks.stage_corpus: which stdlib (torch, package) files the shipped pair's corpus keeps, a refused existing
+folder, a torch other than the pinned one and a package at another version than the corpus names."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,45 @@ def test_only_the_pinned_torch_is_staged(tmp_path, monkeypatch):
         stage_corpus.torch_root()
     monkeypatch.setattr(torch, "__version__", "2.12.5+cpu")
     assert (stage_corpus.torch_root() / "__init__.py").is_file()
+
+
+def test_with_packages_adds_each_under_its_name_less_generated_parsers(tmp_path, monkeypatch):
+    lib = tmp_path / "lib"
+    (lib / "os.py").parent.mkdir(parents=True)
+    (lib / "os.py").write_text("import sys\n")
+    sources = {}
+    for name in stage_corpus.PACKAGES:
+        kept = {"__init__.py", f"core/{name}_{random.randrange(10**6)}.py", "tests/test_core.py"}
+        dropped = {"parsing/latex/_antlr/latexparser.py", "parsing/autolev/test-examples/ex1.py", "__pycache__/c.py"}
+        for rel in kept | dropped:
+            path = tmp_path / "site" / name / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"# {name}: {rel}\n")
+        sources[name] = kept
+    monkeypatch.setattr(stage_corpus.sysconfig, "get_paths", lambda: {"stdlib": str(lib)})
+    monkeypatch.setattr(stage_corpus, "package_root", lambda name, version: tmp_path / "site" / name)
+    out = tmp_path / "out"
+    assert stage_corpus.main(["--with-packages", str(out)]) == 0
+    expected = {"os.py"} | {f"{name}/{rel}" for name, kept in sources.items() for rel in kept}
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*.py")} == expected
+
+
+def test_a_package_at_another_version_or_missing_is_refused(monkeypatch):
+    name = random.choice(sorted(stage_corpus.PACKAGES))
+    monkeypatch.setattr(stage_corpus.metadata, "version", lambda _: "0.0.1")
+    with pytest.raises(SystemExit, match=rf"{name} 0\.0\.1 is installed but the corpus is staged from {name} "):
+        stage_corpus.package_root(name, stage_corpus.PACKAGES[name])
+
+    def missing(_):
+        raise stage_corpus.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(stage_corpus.metadata, "version", missing)
+    with pytest.raises(SystemExit, match=rf"{name} is not installed; install {name}=="):
+        stage_corpus.package_root(name, stage_corpus.PACKAGES[name])
+
+
+def test_an_installed_package_at_its_version_is_found(monkeypatch):
+    import numpy
+
+    monkeypatch.setattr(stage_corpus.metadata, "version", lambda _: "9.9")
+    assert stage_corpus.package_root("numpy", "9.9") == Path(numpy.__file__).parent
