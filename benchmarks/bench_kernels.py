@@ -211,9 +211,9 @@ def flashinfer_case(flashinfer, one: AttnSet, sets: Sequence[AttnSet], ref_o: to
         return {"fi_error": f"{type(err).__name__}: {err}"}, {}
     passes = (("prefix", lambda a: fi.prefix(a)[0], lambda: float64_attention(prefix_only(one))[0]),
               ("verify", fi.verify, lambda: ref_o))
-    for name, run, reference in passes:
+    for name, run, expected in passes:
         try:
-            error = rel_err(run(one), reference())
+            error = rel_err(run(one), expected())
             timed = measure(run, sets, device, budget)
         except Exception as err:  # noqa: BLE001
             fields.setdefault("fi_error", f"{type(err).__name__}: {err}")
