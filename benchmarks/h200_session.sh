@@ -3,8 +3,9 @@
 # Usage (from the repo root, on the GPU machine): bash benchmarks/h200_session.sh MODE; logs go to $OUT.
 #   check: gpu-check, verify and the sanitizers      bench: the kernel and decode benchmarks
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
-#   pair: train the shipped target and its DFlash drafter (showcase presets, resumable) into $PAIR, tar them
-#         into $OUT in parts, then bench_pair (BENCH_ARGS) with what is left of TOTAL_S
+#   pair: train the shipped target and its DFlash drafter (showcase presets, resumable; TARGET_ARGS and DRAFTER_ARGS
+#         add options, e.g. TARGET_ARGS="--steps 6000") into $PAIR, tar them into $OUT in parts, then bench_pair
+#         (BENCH_ARGS) with what is left of TOTAL_S
 #   parallel: on a machine of several GPUs, bench_moe at a fixed model over 1, 2, 4, ... ranks (torchrun, NCCL),
 #         then the parallel CPU tests; NVLink multicast stays off (the three variables below)
 set -uo pipefail
@@ -64,9 +65,9 @@ if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), th
     CORPUS=$unpacked
   fi
   train target "$PAIR" $(( ${TARGET_S:-420} < total - SECONDS - 30 ? ${TARGET_S:-420} : total - SECONDS - 30 )) \
-    python3 -m engine train-target --out "$PAIR" --preset showcase --corpus-dir "$CORPUS"
+    python3 -m engine train-target --out "$PAIR" --preset showcase --corpus-dir "$CORPUS" ${TARGET_ARGS:-}
   [ -f "$PAIR/training.json" ] && train drafter "$PAIR/dflash" $(( total - SECONDS - 90 )) \
-    python3 -m engine train-drafter --target "$PAIR" --preset showcase --corpus-dir "$CORPUS"
+    python3 -m engine train-drafter --target "$PAIR" --preset showcase --corpus-dir "$CORPUS" ${DRAFTER_ARGS:-}
   wait
   # The shipped files (no checkpoints) in parts under the 16 MiB a returned file may have: cat pair.tar.part-* | tar -x
   [ -f "$PAIR/training.json" ] && tar -C "$(dirname "$PAIR")" --exclude=checkpoints --exclude=sequences.pt \
