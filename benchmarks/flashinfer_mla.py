@@ -38,7 +38,6 @@ class FlashInferVerify:
     def __init__(self, flashinfer: ModuleType, a: AttnSet) -> None:
         n, heads, rank = a.q_lat.shape
         device = a.q_lat.device
-        self._fi = flashinfer
         self._prefix = a.prefix
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.int8, device=device)
         self._wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="auto")
