@@ -109,19 +109,21 @@ def timed_near_tie(ar: RunRecord, tokens: list[int]) -> bool:
 def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfig, mode: str, spec: DrafterSpec,
             ar_runs: list[RunRecord] | None) -> dict:
     """One row's recorded runs: the mode over every prompt, prompt i under seed cfg.seed + i, and what they show.
-    `exact` counts the prompts whose tokens are AR's; a divergence is a failure unless profiling.divergence rates it
-    a numerics near tie (`near_ties`). tau, new_text_tau (over new_text_steps steps) and per_position_acceptance are
-    pooled over the prompts' steps; distinct_4gram_rate is the mean over the prompts' continuations. time_rows adds
-    the row's tokens/s."""
+    `matches` counts the prompts whose tokens are AR's; a divergence is a failure unless profiling.divergence rates
+    it a numerics near tie (`near_ties`; the others' prompt indices: `real_prompts`). tau, new_text_tau (over
+    new_text_steps steps) and per_position_acceptance are pooled over the prompts' steps; distinct_4gram_rate is the
+    mean over the prompts' continuations. time_rows adds the row's tokens/s, the prompts its timed decodes left AR
+    on, and the == AR column (`exact`)."""
     matches, runs, texts = 0, [], []
-    near_ties = real = 0
+    near_ties, real = 0, set()
     for i, prompt in enumerate(prompts):
         run = make_decoder(ckpt, prompt, seeded(cfg, i), mode, spec, model=model, continuation=[],
                            cuda_graph=cfg.device == "cuda").run()
         divergence = first_divergence(ar_runs[i], run) if ar_runs else None
         matches += divergence is None
         near_ties += divergence is not None and divergence["kind"] == NEAR_TIE
-        real += divergence is not None and divergence["kind"] != NEAR_TIE
+        if divergence is not None and divergence["kind"] != NEAR_TIE:
+            real.add(i)
         runs.append(run)
         texts.append(with_text(run, ckpt).text)
     chosen = [s.budget.chosen for run in runs for s in run.steps if s.budget is not None]
@@ -136,10 +138,18 @@ def measure(ckpt, model: TargetModel, prompts: list[list[int]], cfg: DecodeConfi
             "distinct_4gram_rate": distinct_4gram_rate(runs),
             "per_position_acceptance": np.average(positions, axis=0, weights=[r.num_steps for r in runs]).tolist()
             if positions else [],
-            "exact": f"{matches}/{len(prompts)}" + (f" ({near_ties} near tie{'s' * (near_ties > 1)})" if near_ties
-                                                   else ""),
-            "near_ties": near_ties, "real_divergences": real, "runs": runs, "example": texts[0],
+            "matches": matches, "num_prompts": len(prompts), "near_ties": near_ties, "real_prompts": real,
+            "runs": runs, "example": texts[0],
             "decode": (cfg, mode, ar_runs)}
+
+
+def exactness(row: dict) -> str:
+    """The == AR column: prompts whose recorded run emitted AR's tokens, of all, then the near ties and the prompts
+    that left AR's tokens for real (in the recorded or the timed decode), by their index."""
+    notes = [f"{row['near_ties']} near tie{'s' * (row['near_ties'] > 1)}"] if row["near_ties"] else []
+    if row["real_prompts"]:
+        notes.append(f"REAL divergence at prompt {', '.join(str(i) for i in sorted(row['real_prompts']))}")
+    return f"{row['matches']}/{row['num_prompts']}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def seeded(cfg: DecodeConfig, prompt_index: int) -> DecodeConfig:
@@ -173,7 +183,9 @@ def time_rows(ckpt, model: TargetModel, prompts: list[list[int]], rows: list[dic
                     best[r][i] = (ms, len(tokens), Counter(timed.budget_counts) if auto else Counter())
     for row, times, prompts_diverged in zip(rows, best, diverged, strict=True):
         row["tokens_per_s"] = sum(n for _, n, _ in times) / (sum(ms for ms, _, _ in times) / 1e3)
-        row["real_divergences"] += len(prompts_diverged)
+        row["real_prompts"] |= prompts_diverged
+        row["real_divergences"] = len(row["real_prompts"])
+        row["exact"] = exactness(row)
         counts = sum((c for _, _, c in times), Counter())
         if counts:
             row["timed_tau"] = sum(n for _, n, _ in times) / sum(counts.values())
@@ -270,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"example (AR, T = {SAMPLED}): {sampled_ar['example']!r}\nexample (AR, written): {written_ar['example']!r}\n")
     results = {"setup": setup, "distinct_4gram_rate": distinct, "written_distinct_4gram_rate":
                written_ar["distinct_4gram_rate"], "val_loss": training["final_val_loss"], "auto": verdict,
-               "rows": [{k: v for k, v in r.items() if k not in ("runs", "decode")} for r in rows]}
+               "rows": [{k: sorted(v) if k == "real_prompts" else v for k, v in r.items()
+                         if k not in ("runs", "decode")} for r in rows]}
     tables = {"setup": setup, "the pair": markdown_table(rows, columns), "auto budget": verdict}
     json_path, md_path = write_results(args.out, f"pair-{device.type}", info, results, tables)
     failed = [f"{r['mode']} T={r['temperature']:g}" for r in rows if r["real_divergences"]]

@@ -4,7 +4,7 @@
 #   check: gpu-check, verify and the sanitizers      bench: the kernel and decode benchmarks
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
 #   pair: train the shipped target and its DFlash drafter (showcase presets, resumable; TARGET_ARGS and DRAFTER_ARGS
-#         add options, e.g. TARGET_ARGS="--steps 6000") into $PAIR, tar them into $OUT in parts, then bench_pair
+#         add options, e.g. TARGET_ARGS="--steps 8000") into $PAIR, tar them into $OUT in parts, then bench_pair
 #         (BENCH_ARGS) with what is left of TOTAL_S
 #   parallel: on a machine of several GPUs, bench_moe at a fixed model over 1, 2, 4, ... ranks (torchrun, NCCL),
 #         then the parallel CPU tests; NVLink multicast stays off (the three variables below)
@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1 DDTREE_BUILD_DIR=/tmp/ddtree-build
 export CXX=/usr/bin/g++
 mode=${1:-check}
 PAIR=${PAIR:-/tmp/pair/ddtree-py-17m}
-CORPUS=${CORPUS:-.corpus/stdlib-torch.tar.xz}
+CORPUS=${CORPUS:-.corpus/stdlib-torch-packages.tar.xz}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"
 if [ "$mode" = check ] || [ "$mode" = full ]; then

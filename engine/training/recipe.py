@@ -121,8 +121,9 @@ PRESETS = {
     # Trains on a 2-core CPU in well under a minute (the tests' recipe).
     "tiny": Recipe(preset="tiny", model=TINY_MODEL, vocab_size=512, steps=300, batch_size=12, seq_len=160,
                    lr=6e-3, log_every=25, eval_every=100, eval_windows=32, checkpoint_every=100),
-    # About 16.7 M parameters (19.9 MB in fp8); sized for one H200 (docs/training.md says how).
-    "showcase": Recipe(preset="showcase", model=SHOWCASE_MODEL, vocab_size=4096, steps=3000, batch_size=32,
+    # About 16.7 M parameters (19.9 MB in fp8); sized for one H200 (docs/training.md says how): 7000 steps, about
+    # 6 epochs of the stdlib + torch + packages corpus, in two device calls (a checkpoint every 250 steps).
+    "showcase": Recipe(preset="showcase", model=SHOWCASE_MODEL, vocab_size=4096, steps=7000, batch_size=32,
                        seq_len=1024, lr=2e-3, dropout=0.1, log_every=50, eval_every=250, eval_windows=128,
-                       checkpoint_every=500, save_dtype="fp8"),
+                       checkpoint_every=250, save_dtype="fp8"),
 }
