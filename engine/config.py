@@ -285,8 +285,9 @@ class DecodeConfig:
         "Sampling seed", "--seed", lo=0, hi=2**63 - 1, step=1, key="sample_seed", section=SAMPLING,
         sampling_only=True))
     batch_invariant: bool = option(False, Setting(
-        "compute every verify row as AR computes it (fixed row blocks, position-ordered attention): DDTree == AR "
-        "bit for bit in every dtype, with no numerics near ties, at a cost (benchmarks/RESULTS.md)",
+        "compute every verify row as AR computes it (row-invariant matmuls on the CPU, fixed row blocks on CUDA; "
+        "position-ordered attention): DDTree == AR bit for bit in every dtype, with no numerics near ties, at a cost "
+        "(benchmarks/RESULTS.md)",
         "Batch-invariant", "--batch-invariant", "toggle", section=SAMPLING))
 
     def __post_init__(self) -> None:

@@ -54,6 +54,15 @@ confidence_learn(realised, predicted, parents, depths, ranks, scores, path [M] i
   is on the path, predicted[cell_i] += exp(scores[i] - scores[v]); if i is on the path, realised[cell_i] += 1.
   On CUDA the float sums are added with atomics, in an order that is not fixed.
 
+linear_rows(x [M, G, K] f32, packed [G, ceil(N / 16), K, 16] f32, out_features N) -> out [M, G, N] f32, CPU only.
+  out[:, g] = x[:, g] W_g^T for the [G, N, K] weights W that pack_linear_rows(W) packed (panels of
+  LINEAR_ROWS_PANEL output columns, zero-padded); x's rows and groups may have any strides, its K is contiguous.
+  Every out[m, g, n] is one float32 chain over k = 0 .. K - 1 in order from 0 (each multiply-add fused or not as
+  the compiler builds it, alike for every row count), so a row's result is the same bits whatever M and the other rows
+  are: the batch-invariant mode's
+  matmul on the CPU, where torch's kernel changes its reduction with M (on CUDA that mode keeps its fixed row
+  blocks: engine/model/batch_rows.py).
+
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
 depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0) raise on the CPU. The CUDA ops cannot
 raise on values without a host sync, so there NaN ranks like -inf, prefix_len is clamped into [0, S - N],
@@ -141,6 +150,27 @@ def confidence_learn(
     _ops().confidence_learn(realised, predicted, parents, depths, ranks, scores, path)
 
 
+LINEAR_ROWS_PANEL = 16  # output columns per packed panel (csrc/cpu/linear_rows.cpp kPanel)
+
+
+def pack_linear_rows(weight: Tensor) -> Tensor:
+    """[N, K] or [G, N, K] weights packed for linear_rows, once per weight (engine/model/batch_rows.py packs each on
+    its first use): float32 [G, ceil(N / 16), K, 16] (G = 1 for one weight), panel p of group g holding columns
+    16p .. 16p + 15 of W_g^T, the last zero-padded."""
+    w = (weight if weight.dim() == 3 else weight[None]).float()
+    g, n, k = w.shape
+    padded = torch.cat([w, w.new_zeros((g, -n % LINEAR_ROWS_PANEL, k))], dim=1)
+    return padded.reshape(g, padded.shape[1] // LINEAR_ROWS_PANEL, LINEAR_ROWS_PANEL, k).transpose(2, 3).contiguous()
+
+
+def linear_rows(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
+    """x [M, K] @ W^T (or x [M, G, K] through G weights, [M, G, N]) with every row reduced in an order fixed by the
+    row alone (batch-invariant), CPU only; packed from pack_linear_rows."""
+    if x.dim() == 2:
+        return _ops().linear_rows(x[:, None], packed, out_features)[:, 0]
+    return _ops().linear_rows(x, packed, out_features)
+
+
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
     num_nodes = budget + 1
     index = draft_logprobs.new_empty((num_nodes,), dtype=torch.int64)
@@ -174,11 +204,16 @@ def _confidence_learn_fake(realised, predicted, parents, depths, ranks, scores, 
     return None
 
 
+def _linear_rows_fake(x, packed, out_features):
+    return x.new_empty((x.shape[0], x.shape[1], out_features))
+
+
 @functools.cache
 def _register_fakes() -> None:
     for name, fake in (("tree_build", _tree_build_fake), ("verify_attn", _verify_attn_fake),
                        ("tree_accept", _tree_accept_fake), ("kv_compact", _kv_compact_fake),
-                       ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake)):
+                       ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake),
+                       ("linear_rows", _linear_rows_fake)):
         torch.library.register_fake(f"ddtree::{name}", fake)
 
 

@@ -144,3 +144,11 @@ def confidence_learn(
             predicted[d, c] += (scores[i] - scores[v]).exp()
         if i in on_path:
             realised[d, c] += 1.0
+
+
+def linear_rows(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
+    """x [M, G, K] through each group's W_g in float64, W_g^T unpacked from its panels (column 16p + j of W_g^T is
+    packed[g, p, :, j])."""
+    g, num_panels, k, panel = packed.shape
+    weight_t = packed.double().permute(0, 2, 1, 3).reshape(g, k, num_panels * panel)[:, :, :out_features]  # [G, K, N]
+    return torch.einsum("mgk,gkn->mgn", x.double(), weight_t).float()

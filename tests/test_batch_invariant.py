@@ -16,9 +16,10 @@ from engine.config import DecodeConfig
 from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
 from engine.loaders.checkpoint import Checkpoint
+from engine.model.batch_rows import ROW_BLOCK
 from engine.model.fixtures import random_weights
 from engine.model.layers import rowwise
-from engine.model.target import ROW_BLOCK, TargetModel
+from engine.model.target import TargetModel
 from profiling.divergence import NEAR_TIE, REAL, classify, tolerance, verdict
 from profiling.measurement import Measurement
 from profiling.metrics import summarize

@@ -198,3 +198,15 @@ def test_the_benchmarks_learned_drafter_has_kimi_k25_widths_on_k2_mini():
                "self_attn.k_proj.weight", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.down_proj.weight"))
     assert layout.num_hidden_layers == layers and layout.block_size == 8 and layout.target_layer_ids == (0, 1)
     assert layout.mask_token_id == kimi.mask_token_id and layout.vocab_size == kimi.vocab_size
+
+
+def test_bench_exact_quick_cpu(tmp_path_factory):
+    """Both modes' steps timed side by side on the shipped pair; the batch-invariant decodes commit AR's tokens."""
+    stdout, data, md = run_quick(tmp_path_factory, "benchmarks.bench_exact", "exact")
+    check_header(stdout, data, "bench_exact")
+    assert [(r["mode"], r["budget"]) for r in data["rows"]] == [("AR", None), ("DDTree", 16)]
+    for row in data["rows"]:
+        assert_positive(row, "fast_ms", "exact_ms", "ratio")
+        assert row["ratio"] == pytest.approx(row["exact_ms"] / row["fast_ms"])
+        assert row["exact_tokens_match_ar"] is True
+    assert "batch-inv. / fast" in md and "batch-invariant ms/step" in stdout

@@ -23,6 +23,7 @@ from engine.decoding.session import decode, decode_runs, make_decoder
 from engine.drafters import DrafterSpec
 from engine.loaders.checkpoint import Checkpoint
 from engine.model import reference
+from engine.model.batch_rows import ROW_BLOCK
 from engine.model.fixtures import random_weights
 from engine.model.moe import (
     CPU_SPARSE_MIN_BYTES,
@@ -35,7 +36,7 @@ from engine.model.moe import (
     sparse_moe,
     stack_experts,
 )
-from engine.model.target import ROW_BLOCK, TargetModel
+from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
 from profiling import metrics, report
 from profiling.measurement import Measurement
@@ -258,14 +259,14 @@ def test_step_records_count_the_experts_of_their_verify():
     routed: list[dict[int, np.ndarray]] = []
     run_moe = model._moe
 
-    def spy(layer, x, real, exact, timer):
+    def spy(rows, layer, x, real, timer):
         if layer["moe_index"] == 0:
             routed.append({})
         w = ckpt.numpy_weights()
         p = f"model.layers.{layer['moe_index'] + cfg.first_k_dense_replace}.mlp.gate"
         routed[-1][layer["moe_index"]] = reference.route(cfg, x.double().numpy(), w[f"{p}.weight"].astype(
             np.float64), w[f"{p}.e_score_correction_bias"].astype(np.float64))[0][real.numpy()]
-        return run_moe(layer, x, real, exact, timer)
+        return run_moe(rows, layer, x, real, timer)
 
     model._moe = spy
     prompt = np.random.default_rng(seed).integers(cfg.vocab_size, size=6).tolist()

@@ -13,9 +13,10 @@ from engine.config import DecodeConfig
 from engine.decoding.session import decode, make_decoder
 from engine.drafters import DrafterSpec
 from engine.loaders.checkpoint import Checkpoint
+from engine.model.batch_rows import ROW_BLOCK
 from engine.model.fixtures import random_weights
 from engine.model.moe import Experts, dense_moe, sparse_moe
-from engine.model.target import ROW_BLOCK, TargetModel
+from engine.model.target import TargetModel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 

@@ -20,7 +20,7 @@ from engine.decoding.sampling import pick
 from engine.decoding.trees import chain_tree, root_tree
 from engine.drafters import Drafter
 from engine.model.cache import LatentCache
-from engine.model.target import ROW_BLOCK, TargetModel
+from engine.model.target import TargetModel
 from engine.records import MODES, ExpertTraffic, RunRecord, StepRecord, TreeRecord
 from engine.timers import StepTimer
 from kernels import ops
@@ -71,7 +71,6 @@ class Decoder:
         self.depth = 0 if mode == "ar" else cfg.num_draft_positions  # L
         self.num_nodes = {"ar": 1, "chain": self.depth + 1, "ddtree": cfg.budget + 1}[mode]
         self.hidden_layers = () if drafter is None else check_hidden_layers(drafter, model)
-        self.row_block = ROW_BLOCK if cfg.batch_invariant else None
         self.timer = timer or StepTimer(model.device, enabled=False)
         self.prompt = validate_prompt(prompt, model.cfg.vocab_size)
         self.capacity = check_room(len(self.prompt), cfg, model, self.num_nodes)
@@ -96,7 +95,7 @@ class Decoder:
         tokens = torch.tensor(self.prompt, dtype=torch.int64, device=dev)
         causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
         logits, hidden = self.model.forward(tokens, torch.arange(n, device=dev), causal, self.cache,
-                                            hidden_layers=self.hidden_layers, row_block=self.row_block)
+                                            hidden_layers=self.hidden_layers, batch_invariant=self.cfg.batch_invariant)
         self.cache.prefix_len.fill_(n)
         root = pick(logits[-1:], torch.full((1,), n, device=dev), self.cfg)[0]
         self.generated[0] = root
@@ -145,7 +144,7 @@ class Decoder:
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
             logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers,
-                                                self.row_block)
+                                                self.cfg.batch_invariant)
             experts_touched = self.model.experts_touched()
             target = pick(logits, prefix_len + depths + 1, self.cfg)  # node i chooses position i's + 1
         with t.range("tree_accept"):

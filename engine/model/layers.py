@@ -1,5 +1,5 @@
 """The layer functions the target, the DFlash drafter and the trainers share: RMSNorm, SwiGLU, RoPE, and rows in
-fixed blocks (the batch-invariant mode's matmuls)."""
+fixed blocks (the batch-invariant mode's matmuls on CUDA: engine/model/batch_rows.py)."""
 from __future__ import annotations
 
 import torch
@@ -11,11 +11,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, linear=F.linear, silu=F.silu
+           ) -> torch.Tensor:
     """down(silu(gate x) * up x) with gate_up the gate and up projections stacked [2I, d] (fused_rows): one matmul
-    for both."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
+    for both. linear, silu: the batch-invariant mode's on the CPU (engine/model/batch_rows.py), else torch's."""
+    gate, up = linear(x, gate_up).chunk(2, dim=-1)
+    return linear(silu(gate) * up, down)
 
 
 def fused_rows(*weights: torch.Tensor) -> torch.Tensor:

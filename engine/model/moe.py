@@ -18,8 +18,9 @@ in float32), 0.45-1.45x with 1.5 MiB of experts and 0.03-0.8x from 3 MiB up (32 
 hence CPU_SPARSE_MIN_BYTES.
 
 Batch invariance: a grouped GEMM multiplies each expert's rows as one matrix, and on the CPU a matmul's reduction
-order depends on its row count, so a row's result would depend on how many other rows chose its expert. The
-batch-invariant mode (exact=True) gives every chosen expert exactly N rows (N = the rows of the call: fixed blocks of
+order depends on its row count, so a row's result would depend on how many other rows chose its expert. On the CPU
+the batch-invariant mode runs its own experts instead (engine/model/batch_rows.py InvariantRows.routed); on CUDA
+(exact=True here) it gives every chosen expert exactly N rows (N = the rows of the call: fixed blocks of
 ROW_BLOCK in that mode, and no expert gets more, since a token chooses an expert at most once), zero rows filling
 the rest; every matmul then has the same shape and a row's result depends on that row alone. On CUDA the grouped
 kernel picks its tiling from the static shapes only (torch's GroupMM.cu) and computes each output row from that row
@@ -93,11 +94,13 @@ def stack_experts(cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]],
     return rest, stacks
 
 
-def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, sigmoid=torch.sigmoid
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3 routing of float32 router logits [N, E]: each token's top-k experts [N, k] (chosen on the scores
     plus the correction bias, group-limited) and their float32 weights [N, k] (from the unbiased scores, normalised
-    if norm_topk_prob, times routed_scaling_factor)."""
-    scores = logits.sigmoid() if cfg.scoring_func == "sigmoid" else logits.softmax(-1)
+    if norm_topk_prob, times routed_scaling_factor). sigmoid: the batch-invariant mode's on the CPU
+    (engine/model/batch_rows.py), else torch's."""
+    scores = sigmoid(logits) if cfg.scoring_func == "sigmoid" else logits.softmax(-1)
     choice = scores + bias  # the bias steers selection only
     n, e = choice.shape
     per_group = e // cfg.n_group

@@ -12,21 +12,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 import kernels
 from engine.config import LATENT_NORM_EPS, ModelConfig
 from engine.loaders.checkpoint import Checkpoint
+from engine.model.batch_rows import FAST, exact_rows
 from engine.model.cache import LatentCache
-from engine.model.layers import apply_rope, fused_rows, rms_norm, rowwise, swiglu
+from engine.model.layers import apply_rope, fused_rows, rms_norm, swiglu
 from engine.model.moe import (
     ExpertLoad,
     Experts,
     default_path,
-    dense_moe,
     local_routing,
     route,
-    sparse_moe,
     sparse_runs,
     stack_experts,
 )
@@ -39,7 +37,6 @@ from kernels import ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MOE_PATHS = ("sparse", "dense")  # each token's top-k experts (engine/model/moe.py), or every expert: the reference
-ROW_BLOCK = 16  # rows per block in the batch-invariant mode: AR's single row is padded to one block
 _NULL_TIMER = StepTimer(enabled=False)
 
 
@@ -93,6 +90,7 @@ class TargetModel:
         self.num_moe_layers = sum(layer["moe"] for layer in self.layers)
         self.expert_load = ExpertLoad(self.num_moe_layers, cfg.n_routed_experts, self.device)
         self.bytes_per_expert = expert_bytes(cfg, self.dtype.itemsize)
+        self.exact_rows = exact_rows(self.device)  # the batch-invariant mode's (engine/model/batch_rows.py)
 
     def layout(self) -> dict | None:
         """The parallel layout this model is part of (Shard.layout), or None when it is whole."""
@@ -177,67 +175,67 @@ class TargetModel:
 
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, block_mask: torch.Tensor, cache: LatentCache,
                 timer: StepTimer = _NULL_TIMER, hidden_layers: tuple[int, ...] = (),
-                row_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                batch_invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, depths [N]; block_mask [N, N] bool. Node i sits at position prefix_len + depths[i] and
         its KV lands in cache row prefix_len + i. Returns float32 logits [N, V] and, when hidden_layers names
         layers, their outputs concatenated in that order [N, len(hidden_layers) * hidden] (transformers'
         hidden_states[i + 1] for layer i: the last layer's is after the final norm, as there), else None.
 
-        row_block (the batch-invariant mode): every per-row computation (norms, projections, the FFN, the head)
-        runs on blocks of exactly row_block rows, the last one zero-padded, so a row's result does not depend on
-        how many rows the call holds: a matmul's kernel, and so its reduction order, is chosen by the shape."""
+        batch_invariant: every per-row computation (norms, projections, the FFN, the head) runs so that a row's result
+        does not depend on how many rows the call holds or which (self.exact_rows: engine/model/batch_rows.py), and
+        verify_attn reduces each node over its own logical sequence."""
         cfg = self.cfg
         captured: dict[int, torch.Tensor] = {}
+        rows = self.exact_rows if batch_invariant else FAST
         self.expert_load.reset()
         with timer.range("embed"):
             x = self.embed[tokens]  # [N, hidden]
-            real = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)  # rowwise pads blocks with False
+            real = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)  # BlockRows pads blocks with False
             positions = cache.prefix_len + depths
             cos, sin = cache.cos[positions], cache.sin[positions]  # [N, P/2]
         for i, layer in enumerate(self.layers):
             a = layer["attn"]
             with timer.range(f"layer{i}/attn"):
-                q_lat, q_pe, c, k_pe = rowwise(lambda *t, a=a, layer=layer: self._project(a, layer, *t), row_block,
-                                               x, cos, sin)
+                q_lat, q_pe, c, k_pe = rows.run(lambda *t, a=a, layer=layer: self._project(rows, a, layer, *t),
+                                                x, cos, sin)
                 cache.write(i, c, k_pe)
                 with timer.range("verify_attn"):
                     o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len,
-                                               block_mask, self.scale, batch_invariant=row_block is not None)
-                x = x + self._reduce(rowwise(lambda o, a=a: self._attention_out(a, o), row_block, o_lat), timer,
+                                               block_mask, self.scale, batch_invariant=batch_invariant)
+                x = x + self._reduce(rows.run(lambda o, a=a: self._attention_out(rows, a, o), o_lat), timer,
                                      ATTN_REDUCE)
             with timer.range(f"layer{i}/{'moe' if layer['moe'] else 'mlp'}"):
-                y = rowwise(lambda x, real, layer=layer: self._ffn(layer, x, real, row_block, timer), row_block, x,
-                            real)
+                y = rows.run(lambda x, real, layer=layer: self._ffn(rows, layer, x, real, timer), x, real)
                 x = x + self._reduce(y, timer, MOE_COMBINE if layer["moe"] else ATTN_REDUCE)
             if i in hidden_layers:
                 captured[i] = x
         with timer.range("lm_head"):
-            x = rowwise(lambda x: rms_norm(x, self.final_norm, cfg.rms_norm_eps), row_block, x)
-            logits = rowwise(lambda x: F.linear(x, self.lm_head), row_block, x).float()
+            x = rows.run(lambda x: rms_norm(x, self.final_norm, cfg.rms_norm_eps), x)
+            logits = rows.run(lambda x: rows.linear(x, self.lm_head), x).float()
         captured[cfg.num_hidden_layers - 1] = x  # transformers' last hidden state is after the final norm
         hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         return logits, hidden
 
-    def _project(self, a: _Attention, layer: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def _project(self, rows, a: _Attention, layer: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per row: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row: c [N, R], rope(k_pe) [N, P]."""
         cfg = self.cfg
         x = rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
         n, h = x.shape[0], a.w_uk.shape[0]  # this rank's heads
-        q, c_kv, k_pe = F.linear(x, a.x_proj).split([a.q_rows, cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        q, c_kv, k_pe = rows.linear(x, a.x_proj).split([a.q_rows, cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         if a.q_b is not None:
-            q = F.linear(rms_norm(q, a.q_a_norm, LATENT_NORM_EPS), a.q_b)
+            q = rows.linear(rms_norm(q, a.q_a_norm, LATENT_NORM_EPS), a.q_b)
         q_nope, q_pe = q.reshape(n, h, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()
-        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, a.w_uk).contiguous()
+        q_lat = rows.absorb(q_nope, a.w_uk).contiguous()
         return (q_lat, q_pe, rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),
                 apply_rope(k_pe, cos, sin, cfg.rope_interleave))
 
-    def _attention_out(self, a: _Attention, o_lat: torch.Tensor) -> torch.Tensor:
+    def _attention_out(self, rows, a: _Attention, o_lat: torch.Tensor) -> torch.Tensor:
         """Per row: the latent attention output [N, H, R] mapped back per head (W_UV), then o_proj."""
         n, h = o_lat.shape[:2]
-        o = torch.einsum("nhr,hvr->nhv", o_lat, a.w_uv).reshape(n, h * self.cfg.v_head_dim)
-        return F.linear(o, a.o_proj)
+        o = rows.expand(o_lat, a.w_uv).reshape(n, h * self.cfg.v_head_dim)
+        return rows.linear(o, a.o_proj)
 
     def _reduce(self, partial: torch.Tensor, timer: StepTimer, name: str) -> torch.Tensor:
         """The sum over the ranks of their partial outputs (engine/model/parallel.py); the output itself alone."""
@@ -246,25 +244,22 @@ class TargetModel:
         with timer.range(name):
             return self.shard.all_reduce(partial)
 
-    def _ffn(self, layer: dict, x: torch.Tensor, real: torch.Tensor, row_block: int | None,
-             timer: StepTimer) -> torch.Tensor:
+    def _ffn(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor, timer: StepTimer) -> torch.Tensor:
         x = rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
-        return self._moe(layer, x, real, row_block is not None, timer) if layer["moe"] else swiglu(x, *layer["mlp"])
+        return self._moe(rows, layer, x, real, timer) if layer["moe"] else swiglu(x, *layer["mlp"], rows.linear,
+                                                                                  rows.silu)
 
-    def _moe(self, layer: dict, x: torch.Tensor, real: torch.Tensor, exact: bool, timer: StepTimer) -> torch.Tensor:
+    def _moe(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor, timer: StepTimer) -> torch.Tensor:
         """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
-        padding, exact asks for the per-row exact layout (the batch-invariant mode). With a shard: this rank's
-        experts' and shared columns' part of the output."""
-        idx, weights = route(self.cfg, x.float() @ layer["router"].T, layer["router_bias"])  # [N, k] each
+        padding. With a shard: this rank's experts' and shared columns' part of the output."""
+        logits = rows.linear(x.float(), layer["router"])
+        idx, weights = route(self.cfg, logits, layer["router_bias"], rows.sigmoid)  # [N, k] each
         self.expert_load.add(layer["moe_index"], idx, real)
         held = self.held_experts
         if held is not None:
             with timer.range(MOE_DISPATCH):  # every rank holds every token: choosing its assignments moves no bytes
                 idx, weights = local_routing(idx, weights, held.start, held.stop - held.start)
-        if self.moe_path == "sparse":
-            y = sparse_moe(x, idx, weights, layer["experts"], exact, foreign=held is not None)
-        else:
-            y = dense_moe(x, idx, weights, layer["experts"])
+        y = rows.routed(self.moe_path == "sparse", x, idx, weights, layer["experts"], held is not None)
         if "shared" in layer:
-            y = y + swiglu(x, *layer["shared"])
+            y = y + swiglu(x, *layer["shared"], rows.linear, rows.silu)
         return y

@@ -25,6 +25,8 @@ TORCH_LIBRARY(ddtree, m) {
   m.def(
       "confidence_learn(Tensor(a!) realised, Tensor(b!) predicted, Tensor parents, Tensor depths, Tensor ranks, "
       "Tensor scores, Tensor path) -> ()");
+  // CPU only: the batch-invariant mode's matmul, every row's reductions in an order fixed by the row alone.
+  m.def("linear_rows(Tensor x, Tensor packed, int out_features) -> Tensor");
   // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
   m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");
@@ -41,4 +43,5 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("kv_compact", &ddtree::cpu::kv_compact);
   m.impl("budget_choose", &ddtree::cpu::budget_choose);
   m.impl("confidence_learn", &ddtree::cpu::confidence_learn);
+  m.impl("linear_rows", &ddtree::cpu::linear_rows);
 }

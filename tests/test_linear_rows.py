@@ -1,0 +1,132 @@
+"""ops.linear_rows (the batch-invariant mode's CPU matmul) against kernels/reference.py and float64 matmuls on every
+instruction set this machine has: row invariance (a row's bits whatever M, its place, the other rows, the threads),
+grouped weights, strided rows, opcheck and input errors; and engine/model/batch_rows.py's InvariantRows, whose
+activations keep every row's bits whatever the rows beside it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from moe_cases import TOLERANCE, random_experts, relative_error
+from test_cpu_kernels import isa, threads  # noqa: F401 (fixtures)
+
+from engine.model.batch_rows import FAST, InvariantRows
+from engine.model.moe import dense_moe
+from kernels import ops, reference
+
+
+def _case(seed: int, groups: int, out_features: int, depth: int, rows: int, stride_pad: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(groups, out_features, depth, generator=gen)
+    x = torch.randn(rows, groups, depth + stride_pad, generator=gen)[:, :, stride_pad:]  # K contiguous, rows strided
+    return weight, x
+
+
+@pytest.mark.parametrize("shape", [(1, 384, 384), (1, 4096, 384), (12, 128, 32), (3, 17, 5), (2, 1, 1)])
+def test_matches_reference_and_float64(isa, shape):  # noqa: F811
+    seed = random.randrange(2**31)
+    groups, out_features, depth = shape
+    for rows in (1, 5, 6, 7, 65):
+        weight, x = _case(seed, groups, out_features, depth, rows, stride_pad=3)
+        packed = ops.pack_linear_rows(weight)
+        got = ops.linear_rows(x, packed, out_features)
+        assert got.shape == (rows, groups, out_features)
+        want = torch.einsum("mgk,gnk->mgn", x.double(), weight.double())
+        scale = (x.double().abs() @ weight.double().abs().amax((0, 1))).max().clamp_min(1.0)
+        assert float((got.double() - want).abs().max() / scale) < 1e-6, (shape, rows, seed)
+        assert torch.allclose(reference.linear_rows(x, packed, out_features), want.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_every_row_is_its_own_bits_whatever_the_call_holds(isa, threads):  # noqa: F811
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    groups, out_features, depth = rng.randint(1, 3), rng.randint(1, 70), rng.randint(1, 300)
+    weight, x = _case(seed, groups, out_features, depth, 40, stride_pad=rng.randint(0, 2))
+    packed = ops.pack_linear_rows(weight)
+    alone = torch.cat([ops.linear_rows(x[i:i + 1], packed, out_features) for i in range(len(x))])
+    for num_threads in (1, 2):
+        torch.set_num_threads(num_threads)
+        for _ in range(6):
+            start, stop = sorted(rng.sample(range(len(x) + 1), 2))
+            block = torch.cat([torch.randn(rng.randint(0, 7), groups, depth), x[start:stop]])  # other rows first
+            got = ops.linear_rows(block, packed, out_features)[-(stop - start):] if stop > start else None
+            assert got is None or torch.equal(got, alone[start:stop]), (seed, start, stop, num_threads)
+
+
+def test_two_dim_calls_and_packing():
+    weight, x = torch.randn(33, 20), torch.randn(9, 20)
+    packed = ops.pack_linear_rows(weight)
+    assert packed.shape == (1, 3, 20, ops.LINEAR_ROWS_PANEL) and torch.equal(packed[0, 2, :, 1:], torch.zeros(20, 15))
+    assert torch.allclose(ops.linear_rows(x, packed, 33), x @ weight.T, atol=1e-5)
+    assert ops.linear_rows(x[:0], packed, 33).shape == (0, 33)
+    assert torch.equal(ops.linear_rows(torch.randn(4, 0), ops.pack_linear_rows(torch.randn(5, 0)), 5),
+                       torch.zeros(4, 5))
+
+
+def test_opcheck():
+    weight, x = _case(random.randrange(2**31), 2, 19, 7, 5, stride_pad=1)
+    torch.library.opcheck(torch.ops.ddtree.linear_rows.default, (x, ops.pack_linear_rows(weight), 19))
+
+
+BAD_INPUTS = {
+    "x dtype": (lambda p: ops.linear_rows(torch.randn(2, 8).double(), p, 10), "x must be float32, got float64"),
+    "x dim": (lambda p: torch.ops.ddtree.linear_rows(torch.randn(2, 8), p, 10), r"x must be 3-dim \[M, G, K\]"),
+    "K strided": (lambda p: ops.linear_rows(torch.randn(8, 2).t(), p, 10), "x's last dimension \\(K\\) must be contig"),
+    "K mismatch": (lambda p: ops.linear_rows(torch.randn(2, 9), p, 10), r"packed must be \[G, ceil\(N / 16\), K, 16\]"),
+    "N mismatch": (lambda p: ops.linear_rows(torch.randn(2, 8), p, 17), r"G = x.size\(1\) = 1, N = out_features = 17"),
+    "N negative": (lambda p: ops.linear_rows(torch.randn(2, 8), p, -1), "out_features must be >= 0, got -1"),
+    "packed dtype": (lambda p: ops.linear_rows(torch.randn(2, 8), p.double(), 10), "packed must be float32"),
+    "packed strides": (lambda p: ops.linear_rows(torch.randn(2, 8), p.transpose(2, 3), 10), "packed must be contig"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_raise_clear_errors(case):
+    call, message = BAD_INPUTS[case]
+    with pytest.raises(RuntimeError, match=message):
+        call(ops.pack_linear_rows(torch.randn(10, 8)))
+
+
+@pytest.mark.parametrize("width", [1, 4, 8, 13, 64, 100])
+def test_invariant_activations_keep_each_rows_bits(width):
+    """torch's CPU sigmoid and silu round the elements past a tensor's last full vectors differently; InvariantRows'
+    give a row the same bits in any call, and the fast ones the same values to float32 rounding."""
+    rows = InvariantRows()
+    x = torch.randn(37, width) * 4
+    for fn, fast in ((rows.sigmoid, FAST.sigmoid), (rows.silu, FAST.silu)):
+        full = fn(x)
+        assert torch.equal(full, torch.cat([fn(x[i:i + 1]) for i in range(len(x))]))
+        assert torch.allclose(full, fast(x), rtol=1e-6, atol=1e-7)
+
+
+def test_invariant_rows_match_the_fast_ones():
+    """Each InvariantRows map equals FastRows' to float32 rounding (weights packed once, then reused)."""
+    rows = InvariantRows()
+    x, weight = torch.randn(5, 24), torch.randn(40, 24)
+    assert torch.allclose(rows.linear(x, weight), F.linear(x, weight), atol=1e-5)
+    assert rows.packed(weight) is rows.packed(weight)
+    q_nope, w_uk = torch.randn(5, 3, 8), torch.randn(3, 8, 16)
+    assert torch.allclose(rows.absorb(q_nope, w_uk), FAST.absorb(q_nope, w_uk), atol=1e-5)
+    o_lat, w_uv = torch.randn(5, 3, 16), torch.randn(3, 8, 16)
+    assert torch.allclose(rows.expand(o_lat, w_uv), FAST.expand(o_lat, w_uv), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_invariant_routed_experts_match_the_dense_reference_row_by_row(dtype):
+    """InvariantRows.routed against dense_moe (every expert on every token), an expert id past the held ones (another
+    rank's, local_routing) adding nothing; and each row's output its own bits whatever rows share its experts."""
+    seed = random.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    num, hidden, inter, k, n = 6, 24, 16, 2, 23
+    experts = random_experts(num, hidden, inter, dtype, gen)
+    x = torch.randn(n, hidden, generator=gen).to(dtype)
+    idx = torch.rand(n, num + 1, generator=gen).topk(k, -1).indices  # num: "not here"
+    weights = torch.rand(n, k, generator=gen) * (idx < num)
+    rows = InvariantRows()
+    got = rows.routed(True, x, idx, weights, experts, foreign=True)
+    assert relative_error(got, dense_moe(x, idx, weights, experts)) < TOLERANCE[dtype], seed
+    alone = torch.cat([rows.routed(True, x[i:i + 1], idx[i:i + 1], weights[i:i + 1], experts, True) for i in range(n)])
+    assert torch.equal(got, alone), seed
