@@ -130,3 +130,16 @@ def test_invariant_routed_experts_match_the_dense_reference_row_by_row(dtype):
     assert relative_error(got, dense_moe(x, idx, weights, experts)) < TOLERANCE[dtype], seed
     alone = torch.cat([rows.routed(True, x[i:i + 1], idx[i:i + 1], weights[i:i + 1], experts, True) for i in range(n)])
     assert torch.equal(got, alone), seed
+
+
+def test_invariant_activations_hold_across_thread_splits(threads):  # noqa: F811
+    """A pointwise call over more than torch's grain (32768 elements) is split over threads at points that need not
+    fall on a vector's edge; InvariantRows' activations give a row its own bits at any thread count and row count."""
+    rows = InvariantRows()
+    x = torch.randn(300, 576)  # 172,800 elements: torch would split it
+    alone = torch.cat([rows.silu(x[i:i + 1]) for i in range(len(x))])
+    for num_threads in (1, 2, 3):
+        torch.set_num_threads(num_threads)
+        for m in (1, 57, 300):
+            assert torch.equal(rows.silu(x[:m]), alone[:m]), (num_threads, m)
+    assert rows.sigmoid(torch.randn(3, 0)).shape == (3, 0)

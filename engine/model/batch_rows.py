@@ -16,6 +16,8 @@ the latent output through W_UV), `silu` and `sigmoid` the activations and `route
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,7 @@ from kernels import ops
 
 ROW_BLOCK = 16  # rows per block in BlockRows: AR's single row is padded to one block
 ROW_VECTOR = 64  # elements: two of torch's widest CPU vectors (AVX-512 bfloat16), so no row ends in a scalar tail
+GRAIN_ELEMENTS = 32768  # at::internal::GRAIN_SIZE: a pointwise call of at most this many elements runs on one thread
 
 
 class FastRows:
@@ -122,9 +125,14 @@ class InvariantRows:
 
 
 def _whole_vectors(fn, t: torch.Tensor) -> torch.Tensor:
-    """An elementwise fn over t [..., D] with each row zero-padded to a multiple of ROW_VECTOR elements."""
+    """An elementwise fn over t [..., D], each row zero-padded to a multiple of ROW_VECTOR elements, in calls of at
+    most GRAIN_ELEMENTS elements (or one row): torch runs such a call on one thread, whose vector loop then takes
+    every element, where a call split over threads could start a thread's share (and end the last one's) mid-vector.
+    Every row then goes through the same instructions whatever the call holds."""
     width = t.shape[-1]
-    return fn(F.pad(t, (0, -width % ROW_VECTOR)))[..., :width]
+    rows = F.pad(t.reshape(math.prod(t.shape[:-1]), width), (0, -width % ROW_VECTOR))
+    out = torch.cat([fn(part) for part in rows.split(max(1, GRAIN_ELEMENTS // max(1, rows.shape[1])))])
+    return out[:, :width].reshape(t.shape)
 
 
 FAST = FastRows()
