@@ -40,7 +40,7 @@ ROWS = (("ar", 0), ("ddtree", 16), ("ddtree", 64))
 NEW_TOKENS = 600  # room for the decodes' steps (at most 16 tokens a step)
 
 
-def timed_decode(ckpt, model: TargetModel, prompt: list[int], cfg: DecodeConfig, mode: str, spec: DrafterSpec,
+def timed_steps(ckpt, model: TargetModel, prompt: list[int], cfg: DecodeConfig, mode: str, spec: DrafterSpec,
                  num_steps: int) -> tuple[list[float], list[int]]:
     """ms of num_steps steps after a first one (on CUDA captured as a graph after it), and the tokens committed."""
     dec = make_decoder(ckpt, prompt, cfg, mode, spec, model=model, continuation=[], cuda_graph=cfg.device == "cuda")
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for exact in (False, True):
                 cfg = DecodeConfig(budget=budget, block_size=16, max_new_tokens=NEW_TOKENS, device=device.type,
                                    dtype=dtype, batch_invariant=exact)
-                ms, committed = timed_decode(ckpt, model, prompt, cfg, mode, spec, steps)
+                ms, committed = timed_steps(ckpt, model, prompt, cfg, mode, spec, steps)
                 times.setdefault((mode, budget, exact), []).extend(ms)
                 tokens[(mode, budget, exact)] = committed
     rows = []

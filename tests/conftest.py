@@ -1,5 +1,6 @@
 """Shared fixtures: the committed tiny model, the tiny training recipe's target (trained once per session), the
-committed H200 profile report unpacked, and the network guard that fails any test (or any process it starts)
+committed H200 profile report unpacked, each CPU instruction set and the thread count for the CPU kernels' tests,
+and the network guard that fails any test (or any process it starts)
 reaching beyond this machine (netguard/)."""
 from __future__ import annotations
 
@@ -72,3 +73,30 @@ def tiny_target_run(tmp_path_factory):
         code = main(["train-target", "--out", str(out), "--preset", "tiny", "--device", "cpu"])
     assert code == 0, err.getvalue()
     return out, err.getvalue()
+
+
+@pytest.fixture(params=["avx512", "avx2", "generic"])
+def isa(request, monkeypatch):
+    """Runs the test with DDTREE_CPU_ISA set to each instruction set; skips those this CPU lacks."""
+    import torch
+
+    from kernels import ops
+
+    monkeypatch.setenv("DDTREE_CPU_ISA", request.param)
+    try:
+        ops.tree_build(torch.zeros(1, 1), torch.tensor(0), 1)
+    except RuntimeError as e:
+        if "lacks it" not in str(e):
+            raise
+        pytest.skip(f"this CPU lacks {request.param}")
+    return request.param
+
+
+@pytest.fixture
+def threads():
+    """Restores torch's thread count after a test that changes it."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

@@ -12,29 +12,7 @@ from masks import ancestor_mask, block_mask
 
 from kernels import ops, reference
 
-ISAS = ["avx512", "avx2", "generic"]
 KEY_BLOCK = 64  # kKeyBlock in kernels/csrc/cpu/verify_attn_tile.h
-
-
-@pytest.fixture(params=ISAS)
-def isa(request, monkeypatch):
-    """Runs the test with DDTREE_CPU_ISA set to each instruction set; skips those this CPU lacks."""
-    monkeypatch.setenv("DDTREE_CPU_ISA", request.param)
-    try:
-        ops.tree_build(torch.zeros(1, 1), torch.tensor(0), 1)
-    except RuntimeError as e:
-        if "lacks it" not in str(e):
-            raise
-        pytest.skip(f"this CPU lacks {request.param}")
-    return request.param
-
-
-@pytest.fixture
-def threads():
-    """Restores torch's thread count after a test that changes it."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 def _attn_inputs(seed: int, num_nodes: int, num_heads: int, lat_dim: int, rope_dim: int, cache_rows: int,

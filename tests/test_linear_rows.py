@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from moe_cases import TOLERANCE, random_experts, relative_error
-from test_cpu_kernels import isa, threads  # noqa: F401 (fixtures)
 
 from engine.model.batch_rows import FAST, InvariantRows
 from engine.model.moe import dense_moe
@@ -26,7 +25,7 @@ def _case(seed: int, groups: int, out_features: int, depth: int, rows: int, stri
 
 
 @pytest.mark.parametrize("shape", [(1, 384, 384), (1, 4096, 384), (12, 128, 32), (3, 17, 5), (2, 1, 1)])
-def test_matches_reference_and_float64(isa, shape):  # noqa: F811
+def test_matches_reference_and_float64(isa, shape):
     seed = random.randrange(2**31)
     groups, out_features, depth = shape
     for rows in (1, 5, 6, 7, 65):
@@ -40,7 +39,7 @@ def test_matches_reference_and_float64(isa, shape):  # noqa: F811
         assert torch.allclose(reference.linear_rows(x, packed, out_features), want.float(), rtol=1e-5, atol=1e-5)
 
 
-def test_every_row_is_its_own_bits_whatever_the_call_holds(isa, threads):  # noqa: F811
+def test_every_row_is_its_own_bits_whatever_the_call_holds(isa, threads):
     seed = random.randrange(2**31)
     rng = random.Random(seed)
     groups, out_features, depth = rng.randint(1, 3), rng.randint(1, 70), rng.randint(1, 300)
@@ -132,7 +131,7 @@ def test_invariant_routed_experts_match_the_dense_reference_row_by_row(dtype):
     assert torch.equal(got, alone), seed
 
 
-def test_invariant_activations_hold_across_thread_splits(threads):  # noqa: F811
+def test_invariant_activations_hold_across_thread_splits(threads):
     """A pointwise call over more than torch's grain (32768 elements) is split over threads at points that need not
     fall on a vector's edge; InvariantRows' activations give a row its own bits at any thread count and row count."""
     rows = InvariantRows()
