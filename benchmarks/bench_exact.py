@@ -4,8 +4,8 @@ For AR and DDTree at B = 16 and 64 (the pair's DFlash drafter) on one held-out p
 each mode, the two modes' decoders interleaved in --rounds rounds (so that a slow moment of the machine hits both
 alike), their ratio, and whether every decode committed its mode's AR tokens (the batch-invariant ones must, bit
 for bit; the fast ones up to a numerics near tie). On CUDA the steps replay a captured graph. The batch-invariant
-mode computes every row as AR does (engine/model/batch_rows.py: on the CPU one row-invariant matmul over all rows,
-on CUDA torch's kernels over fixed 16-row blocks), so this is the price of DDTree == AR bit for bit.
+mode computes every row as AR does (engine/model/batch_rows.py: every matmul one row-invariant kernels.ops.linear_rows
+call over all rows, on the CPU and CUDA), so this is the price of DDTree == AR bit for bit.
 
     python -m benchmarks.bench_exact [--device cuda|cpu] [--quick] [--rounds N] [--steps N] [--out DIR]
 """

@@ -6,8 +6,9 @@ the same inputs: time, TB/s, TFLOP/s, roofline fraction, torch/ours; beside them
 pass alone and the whole verify done with it (benchmarks/flashinfer_mla.py), each against ours and checked
 against the float64 reference; elsewhere each run prints that it is skipped. tree_build: ours vs a Python heapq build
 of the same algorithm over torch.topk, and vs our CPU op on a CPU copy, at V=163840 and again at the tiny
-fixture's V=512 (tree_build_tiny). tree_accept and kv_compact: ours vs
-the plain-torch references of kernels/reference.py. On CUDA, "ours" and the torch attention are timed as
+fixture's V=512 (tree_build_tiny). tree_accept and kv_compact: ours vs the plain-torch references of
+kernels/reference.py. linear_rows: the batch-invariant mode's matmul vs torch's at the Kimi-K2 projections' shapes,
+each against its floor (benchmarks/linear_rows_section.py). On CUDA, "ours" and the torch attention are timed as
 CUDA-graph replays (device time) and as eager calls (CUDA events, launch gaps included). On an H100/H200 the
 verify_attn table also times the mma.sync kernel (DDTREE_VERIFY_ATTN_KERNEL=mma) beside the automatic choice
 (wgmma), and on CUDA the tree_build table times the op with the heap's serial pops (DDTREE_TREE_BUILD=heap)
@@ -17,10 +18,7 @@ beside the automatic choice (the threshold build).
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import unittest.mock
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -46,9 +44,11 @@ from benchmarks.common import (
     Ceilings,
     Column,
     guarded,
+    has_wgmma,
     markdown_table,
     num_failed,
     num_input_sets,
+    op_setting,
     parse_args,
     ratio,
     resolve_device,
@@ -61,6 +61,7 @@ from benchmarks.common import (
 )
 from benchmarks.flashinfer_mla import FlashInferVerify
 from benchmarks.flashinfer_mla import load as load_flashinfer
+from benchmarks.linear_rows_section import LINEAR_COLUMNS, bench_linear_rows
 from kernels import ops, reference
 
 CPU_FULL = Budget(warmup=2, min_reps=5, max_reps=200, target_ms=500.0)
@@ -132,17 +133,6 @@ def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
 def exact_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch-invariant mode's kernel: keys reduced in position order, as the one-row AR call does."""
     return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE, batch_invariant=True)
-
-
-def op_setting(var: str, value: str) -> contextlib.AbstractContextManager:
-    """The CUDA ops read `var` (DDTREE_VERIFY_ATTN_KERNEL, DDTREE_TREE_BUILD) at each call: inside the block
-    they run `value`, and graphs captured there keep it."""
-    return unittest.mock.patch.dict(os.environ, {var: value})
-
-
-def has_wgmma(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether verify_attn's automatic choice here is the wgmma kernel (an H100/H200, bfloat16)."""
-    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def attn_cost(n: int, s: int, itemsize: int, num_visible_block: int) -> tuple[int, int]:
@@ -376,7 +366,7 @@ SMALL_COLUMNS = [
 ]
 
 
-SECTIONS = ("verify_attn", "tree_build", "tree_build_tiny", "tree_accept", "kv_compact")
+SECTIONS = ("verify_attn", "tree_build", "tree_build_tiny", "tree_accept", "kv_compact", "linear_rows")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -400,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tree_build_tiny": (BUILD_COLUMNS, lambda: bench_tree_build(grid, grid.tiny_vocab, device, budget, ceil, rng)),
         "tree_accept": (SMALL_COLUMNS, lambda: bench_tree_accept(grid, device, budget, rng)),
         "kv_compact": (SMALL_COLUMNS, lambda: bench_kv_compact(grid, device, dtype, budget, ceil, rng)),
+        "linear_rows": (LINEAR_COLUMNS, lambda: bench_linear_rows(device, dtype, args.quick, budget, ceil, measure)),
     }
     if args.sections:
         wanted = args.sections.split(",")

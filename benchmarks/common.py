@@ -17,13 +17,16 @@ are measured once per run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
+import os
 import pathlib
 import shlex
 import time
 import traceback
+import unittest.mock
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -241,6 +244,17 @@ def parse_args(description: str, argv: Sequence[str] | None,
     p.add_argument("--quick", action="store_true", help="the smallest settings: a smoke run in seconds")
     p.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR, help=f"results directory (default {RESULTS_DIR})")
     return p.parse_args(argv)
+
+
+def op_setting(var: str, value: str) -> contextlib.AbstractContextManager:
+    """The CUDA ops read `var` (DDTREE_VERIFY_ATTN_KERNEL, DDTREE_TREE_BUILD, DDTREE_LINEAR_ROWS_KERNEL) at each
+    call: inside the block they run `value`, and graphs captured there keep it."""
+    return unittest.mock.patch.dict(os.environ, {var: value})
+
+
+def has_wgmma(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the ops' automatic kernel choice here is a wgmma kernel (an H100/H200, bfloat16)."""
+    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def resolve_device(name: str | None) -> torch.device:

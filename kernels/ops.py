@@ -54,14 +54,19 @@ confidence_learn(realised, predicted, parents, depths, ranks, scores, path [M] i
   is on the path, predicted[cell_i] += exp(scores[i] - scores[v]); if i is on the path, realised[cell_i] += 1.
   On CUDA the float sums are added with atomics, in an order that is not fixed.
 
-linear_rows(x [M, G, K] f32, packed [G, ceil(N / 16), K, 16] f32, out_features N) -> out [M, G, N] f32, CPU only.
-  out[:, g] = x[:, g] W_g^T for the [G, N, K] weights W that pack_linear_rows(W) packed (panels of
-  LINEAR_ROWS_PANEL output columns, zero-padded); x's rows and groups may have any strides, its K is contiguous.
-  Every out[m, g, n] is one float32 chain over k = 0 .. K - 1 in order from 0 (each multiply-add fused or not as
-  the compiler builds it, alike for every row count), so a row's result is the same bits whatever M and the other rows
-  are: the batch-invariant mode's
-  matmul on the CPU, where torch's kernel changes its reduction with M (on CUDA that mode keeps its fixed row
-  blocks: engine/model/batch_rows.py).
+linear_rows(x [M, G, K], packed, out_features N, group_ends=None) -> out [M, G, N] in x's dtype.
+  out[:, g] = x[:, g] W_g^T for the [G, N, K] weights W that pack_linear_rows(W) packed for x's device; with
+  group_ends (int32 [G], non-decreasing, <= M) x is [M, 1, K] and row m goes through the one W_g with
+  group_ends[g - 1] <= m < group_ends[g] (rows past the last end: zeros), the routed experts over their sorted rows.
+  x's rows and groups may have any strides, its K is contiguous. Every output is reduced in an order fixed by its
+  row, W and the device alone, so a row's result is the same bits whatever M and the other rows are (torch's
+  kernels change their reduction with M): the batch-invariant mode's matmul.
+  CPU: float32; packed [G, ceil(N / 16), K, 16] (panels of LINEAR_ROWS_PANEL columns, zero-padded); every output
+  one float32 chain over k = 0 .. K - 1 in order from 0 (each multiply-add fused or not as the compiler builds it,
+  alike for every row count). CUDA: bfloat16 or float32; packed [G, N, K'] in x's dtype (bfloat16: K' = K rounded up
+  to 8, zero-padded); bfloat16 runs tensor-core tiles of 16 rows, fp32 sums over K cut at positions fixed by W's
+  shape and the GPU (csrc/cuda/linear_rows.cuh), added in order and rounded once; float32 a warp's 32 strided
+  chains folded by a fixed butterfly. A row's bits may differ between the devices, never between calls.
 
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
 depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0) raise on the CPU. The CUDA ops cannot
@@ -150,25 +155,34 @@ def confidence_learn(
     _ops().confidence_learn(realised, predicted, parents, depths, ranks, scores, path)
 
 
-LINEAR_ROWS_PANEL = 16  # output columns per packed panel (csrc/cpu/linear_rows.cpp kPanel)
+LINEAR_ROWS_PANEL = 16  # output columns per packed panel on the CPU (csrc/cpu/linear_rows.cpp kPanel)
+LINEAR_ROWS_ALIGN = 8  # bfloat16 elements per 16-byte piece: K's padding on CUDA (csrc/cuda/linear_rows.cu)
 
 
-def pack_linear_rows(weight: Tensor) -> Tensor:
-    """[N, K] or [G, N, K] weights packed for linear_rows, once per weight (engine/model/batch_rows.py packs each on
-    its first use): float32 [G, ceil(N / 16), K, 16] (G = 1 for one weight), panel p of group g holding columns
-    16p .. 16p + 15 of W_g^T, the last zero-padded."""
-    w = (weight if weight.dim() == 3 else weight[None]).float()
+def pack_linear_rows(weight: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """[N, K] or [G, N, K] weights packed for linear_rows on their device, once per weight (engine/model/batch_rows.py
+    packs each on its first use), G = 1 for one weight. The CPU: float32 [G, ceil(N / 16), K, 16], panel p of group g
+    holding columns 16p .. 16p + 15 of W_g^T, the last zero-padded. CUDA: [G, N, K'] in dtype (the x dtype the calls
+    will pass), bfloat16 K zero-padded to K' a multiple of LINEAR_ROWS_ALIGN; the weight itself where it already is
+    that (no copy)."""
+    w = weight if weight.dim() == 3 else weight[None]
+    if w.device.type == "cuda":
+        w = w.to(dtype)
+        pad = -w.shape[2] % LINEAR_ROWS_ALIGN if dtype == torch.bfloat16 else 0
+        return torch.nn.functional.pad(w, (0, pad)).contiguous() if pad else w.contiguous()
+    w = w.float()
     g, n, k = w.shape
     padded = torch.cat([w, w.new_zeros((g, -n % LINEAR_ROWS_PANEL, k))], dim=1)
     return padded.reshape(g, padded.shape[1] // LINEAR_ROWS_PANEL, LINEAR_ROWS_PANEL, k).transpose(2, 3).contiguous()
 
 
-def linear_rows(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
-    """x [M, K] @ W^T (or x [M, G, K] through G weights, [M, G, N]) with every row reduced in an order fixed by the
-    row alone (batch-invariant), CPU only; packed from pack_linear_rows."""
+def linear_rows(x: Tensor, packed: Tensor, out_features: int, group_ends: Tensor | None = None) -> Tensor:
+    """x [M, K] @ W^T (or x [M, G, K] through G weights, [M, G, N]; or with group_ends, each row of x [M, K]
+    through its group's weight, [M, N]) with every row reduced in an order fixed by the row alone
+    (batch-invariant); packed from pack_linear_rows."""
     if x.dim() == 2:
-        return _ops().linear_rows(x[:, None], packed, out_features)[:, 0]
-    return _ops().linear_rows(x, packed, out_features)
+        return _ops().linear_rows(x[:, None], packed, out_features, group_ends)[:, 0]
+    return _ops().linear_rows(x, packed, out_features, group_ends)
 
 
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
@@ -204,7 +218,7 @@ def _confidence_learn_fake(realised, predicted, parents, depths, ranks, scores, 
     return None
 
 
-def _linear_rows_fake(x, packed, out_features):
+def _linear_rows_fake(x, packed, out_features, group_ends=None):
     return x.new_empty((x.shape[0], x.shape[1], out_features))
 
 

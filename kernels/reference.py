@@ -146,9 +146,21 @@ def confidence_learn(
             realised[d, c] += 1.0
 
 
-def linear_rows(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
-    """x [M, G, K] through each group's W_g in float64, W_g^T unpacked from its panels (column 16p + j of W_g^T is
-    packed[g, p, :, j])."""
-    g, num_panels, k, panel = packed.shape
-    weight_t = packed.double().permute(0, 2, 1, 3).reshape(g, k, num_panels * panel)[:, :, :out_features]  # [G, K, N]
-    return torch.einsum("mgk,gkn->mgn", x.double(), weight_t).float()
+def linear_rows(x: Tensor, packed: Tensor, out_features: int, group_ends: Tensor | None = None) -> Tensor:
+    """x [M, G, K] through each group's W_g in float64 (with group_ends: each row of x [M, 1, K] through its group's,
+    rows past the last end zero), in x's dtype. W_g unpacked from either layout: the CPU's panels (column 16p + j of
+    W_g^T is packed[g, p, :, j]) or CUDA's [G, N, K'] (K' >= K, the rest zero padding)."""
+    if packed.dim() == 4:
+        g, num_panels, k, panel = packed.shape
+        weight = packed.double().permute(0, 1, 3, 2).reshape(g, num_panels * panel, k)[:, :out_features]
+    else:
+        weight = packed.double()[:, :out_features, :x.shape[2]]  # [G, N, K]
+    if group_ends is None:
+        return torch.einsum("mgk,gnk->mgn", x.double(), weight).to(x.dtype)
+    ends = group_ends.long().cpu()
+    group = torch.searchsorted(ends, torch.arange(x.shape[0]), right=True)  # row m's group: the first end above m
+    out = torch.zeros(x.shape[0], 1, out_features, dtype=torch.float64)
+    held = group < len(ends)
+    rows = x[:, 0].double().cpu()
+    out[held, 0] = torch.einsum("mk,mnk->mn", rows[held], weight.cpu()[group[held]])
+    return out.to(x.device, x.dtype)

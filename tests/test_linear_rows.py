@@ -1,7 +1,8 @@
-"""ops.linear_rows (the batch-invariant mode's CPU matmul) against kernels/reference.py and float64 matmuls on every
-instruction set this machine has: row invariance (a row's bits whatever M, its place, the other rows, the threads),
-grouped weights, strided rows, opcheck and input errors; and engine/model/batch_rows.py's InvariantRows, whose
-activations keep every row's bits whatever the rows beside it."""
+"""ops.linear_rows on the CPU (the batch-invariant mode's matmul) against kernels/reference.py and float64 matmuls on
+every instruction set this machine has: row invariance (a row's bits whatever M, its place, the other rows, the
+threads), grouped weights, rows grouped by group_ends, strided rows, opcheck and input errors; and
+engine/model/batch_rows.py's InvariantRows, whose activations, norms and experts keep every row's bits whatever the rows
+beside it. tests/test_linear_rows_cuda.py has the CUDA kernels."""
 
 from __future__ import annotations
 
@@ -65,9 +66,36 @@ def test_two_dim_calls_and_packing():
                        torch.zeros(4, 5))
 
 
+def test_grouped_rows_match_the_reference_and_keep_their_bits(isa):
+    """With group_ends every row goes through its group's weight (rows past the last end: zeros), and a row's bits do
+    not depend on how many rows share its group."""
+    seed = random.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    groups, out_features, depth, num_rows = 5, 37, 29, 23
+    weight = torch.randn(groups, out_features, depth, generator=gen)
+    packed = ops.pack_linear_rows(weight)
+    counts = torch.multinomial(torch.ones(groups + 1), num_rows, replacement=True, generator=gen).bincount(
+        minlength=groups + 1)  # the last "group" is rows past every end
+    ends = counts[:groups].cumsum(0).int()
+    x = torch.randn(num_rows, depth, generator=gen)
+    got = ops.linear_rows(x, packed, out_features, ends)
+    want = reference.linear_rows(x[:, None], packed, out_features, ends)[:, 0]
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), seed
+    assert torch.equal(got[int(ends[-1]):], torch.zeros(num_rows - int(ends[-1]), out_features))
+    group = torch.searchsorted(ends, torch.arange(num_rows), right=True)
+    for m in range(int(ends[-1])):
+        g = int(group[m])
+        one = torch.zeros(groups, dtype=torch.int32)
+        one[g:] = 1
+        assert torch.equal(ops.linear_rows(x[m:m + 1], packed, out_features, one)[0], got[m]), (seed, m)
+
+
 def test_opcheck():
     weight, x = _case(random.randrange(2**31), 2, 19, 7, 5, stride_pad=1)
     torch.library.opcheck(torch.ops.ddtree.linear_rows.default, (x, ops.pack_linear_rows(weight), 19))
+    ends = torch.tensor([2, 2, 4], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.ddtree.linear_rows.default,
+                          (torch.randn(5, 1, 7), ops.pack_linear_rows(torch.randn(3, 19, 7)), 19, ends))
 
 
 BAD_INPUTS = {
@@ -75,10 +103,18 @@ BAD_INPUTS = {
     "x dim": (lambda p: torch.ops.ddtree.linear_rows(torch.randn(2, 8), p, 10), r"x must be 3-dim \[M, G, K\]"),
     "K strided": (lambda p: ops.linear_rows(torch.randn(8, 2).t(), p, 10), "x's last dimension \\(K\\) must be contig"),
     "K mismatch": (lambda p: ops.linear_rows(torch.randn(2, 9), p, 10), r"packed must be \[G, ceil\(N / 16\), K, 16\]"),
-    "N mismatch": (lambda p: ops.linear_rows(torch.randn(2, 8), p, 17), r"G = x.size\(1\) = 1, N = out_features = 17"),
+    "N mismatch": (lambda p: ops.linear_rows(torch.randn(2, 8), p, 17), r"G = 1, N = out_features = 17"),
     "N negative": (lambda p: ops.linear_rows(torch.randn(2, 8), p, -1), "out_features must be >= 0, got -1"),
     "packed dtype": (lambda p: ops.linear_rows(torch.randn(2, 8), p.double(), 10), "packed must be float32"),
     "packed strides": (lambda p: ops.linear_rows(torch.randn(2, 8), p.transpose(2, 3), 10), "packed must be contig"),
+    "ends dtype": (lambda p: ops.linear_rows(torch.randn(2, 8), p, 10, torch.tensor([2])), "group_ends must be int32"),
+    "ends count": (lambda p: ops.linear_rows(torch.randn(2, 8), p, 10, torch.tensor([1, 2], dtype=torch.int32)),
+                   r"group_ends must hold one end per packed weight \(1\), got 2"),
+    "ends past M": (lambda p: ops.linear_rows(torch.randn(2, 8), p, 10, torch.tensor([3], dtype=torch.int32)),
+                    r"group_ends must be non-decreasing in \[0, M = 2\]"),
+    "ends grouped x": (lambda p: torch.ops.ddtree.linear_rows(torch.randn(2, 2, 8), p, 10,
+                                                              torch.tensor([2], dtype=torch.int32)),
+                       r"with group_ends, x must be \[M, 1, K\]"),
 }
 
 
@@ -93,7 +129,7 @@ def test_bad_inputs_raise_clear_errors(case):
 def test_invariant_activations_keep_each_rows_bits(width):
     """torch's CPU sigmoid and silu round the elements past a tensor's last full vectors differently; InvariantRows'
     give a row the same bits in any call, and the fast ones the same values to float32 rounding."""
-    rows = InvariantRows()
+    rows = InvariantRows(torch.device("cpu"))
     x = torch.randn(37, width) * 4
     for fn, fast in ((rows.sigmoid, FAST.sigmoid), (rows.silu, FAST.silu)):
         full = fn(x)
@@ -103,10 +139,14 @@ def test_invariant_activations_keep_each_rows_bits(width):
 
 def test_invariant_rows_match_the_fast_ones():
     """Each InvariantRows map equals FastRows' to float32 rounding (weights packed once, then reused)."""
-    rows = InvariantRows()
+    rows = InvariantRows(torch.device("cpu"))
     x, weight = torch.randn(5, 24), torch.randn(40, 24)
     assert torch.allclose(rows.linear(x, weight), F.linear(x, weight), atol=1e-5)
-    assert rows.packed(weight) is rows.packed(weight)
+    assert rows.packed(weight, torch.float32) is rows.packed(weight, torch.float32)
+    norm = torch.randn(24)
+    assert torch.allclose(rows.rms_norm(x, norm, 1e-6), FAST.rms_norm(x, norm, 1e-6), rtol=1e-5, atol=1e-6)
+    scores = torch.rand(5, 7)
+    assert torch.allclose(rows.total(scores), FAST.total(scores), atol=1e-6)
     q_nope, w_uk = torch.randn(5, 3, 8), torch.randn(3, 8, 16)
     assert torch.allclose(rows.absorb(q_nope, w_uk), FAST.absorb(q_nope, w_uk), atol=1e-5)
     o_lat, w_uv = torch.randn(5, 3, 16), torch.randn(3, 8, 16)
@@ -124,7 +164,7 @@ def test_invariant_routed_experts_match_the_dense_reference_row_by_row(dtype):
     x = torch.randn(n, hidden, generator=gen).to(dtype)
     idx = torch.rand(n, num + 1, generator=gen).topk(k, -1).indices  # num: "not here"
     weights = torch.rand(n, k, generator=gen) * (idx < num)
-    rows = InvariantRows()
+    rows = InvariantRows(torch.device("cpu"))
     got = rows.routed(True, x, idx, weights, experts, foreign=True)
     assert relative_error(got, dense_moe(x, idx, weights, experts)) < TOLERANCE[dtype], seed
     alone = torch.cat([rows.routed(True, x[i:i + 1], idx[i:i + 1], weights[i:i + 1], experts, True) for i in range(n)])
@@ -134,7 +174,7 @@ def test_invariant_routed_experts_match_the_dense_reference_row_by_row(dtype):
 def test_invariant_activations_hold_across_thread_splits(threads):
     """A pointwise call over more than torch's grain (32768 elements) is split over threads at points that need not
     fall on a vector's edge; InvariantRows' activations give a row its own bits at any thread count and row count."""
-    rows = InvariantRows()
+    rows = InvariantRows(torch.device("cpu"))
     x = torch.randn(300, 576)  # 172,800 elements: torch would split it
     alone = torch.cat([rows.silu(x[i:i + 1]) for i in range(len(x))])
     for num_threads in (1, 2, 3):

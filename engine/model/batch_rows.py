@@ -2,17 +2,19 @@
 
 The forward's per-row work (norms, projections, the FFN, the head) goes through a Rows: `run(fn, *rows)` calls fn on
 the rows, `linear` is F.linear, `absorb` and `expand` the per-head maps of absorbed attention (q_nope through W_UK,
-the latent output through W_UV), `silu` and `sigmoid` the activations and `routed` the routed experts' output.
-- FAST: every row at once through torch's kernels, whose matmul reduction order changes with the row count.
-- BlockRows (batch-invariant, CUDA): blocks of exactly ROW_BLOCK rows, the last zero-padded. A kernel is chosen by
-  its shapes, so every row goes through the same kernels whatever the call holds; the experts padded alike
-  (engine/model/moe.py).
-- InvariantRows (batch-invariant, CPU): every row at once through kernels.ops.linear_rows, whose every output is a
-  chain fixed by its row alone, and each routed expert over the rows that chose it. No row padding: an AR step's row
-  costs one row's work. torch's CPU sigmoid and silu compute the elements past a tensor's last full vectors by a
-  scalar path that rounds differently, so which of a row's elements take it would depend on the rows before it:
-  InvariantRows pads each row to a multiple of ROW_VECTOR elements for them (norms, softmax and the matmuls' other
-  elementwise work round alike on both paths).
+the latent output through W_UV), `rms_norm`, `silu` and `sigmoid`, `total` (a row's sum of its few columns: the
+routing weights' normaliser) and `routed` the routed experts' output.
+- FAST: every row at once through torch's kernels, whose reductions (matmuls, means) change order with the row count.
+- InvariantRows (batch-invariant, the CPU and CUDA): every row at once through kernels.ops.linear_rows, whose every
+  output is reduced in an order fixed by its row alone: the matmuls, RMSNorm's sum of squares (a matmul with a ones
+  column), and each routed expert over the rows that chose it (one grouped call per projection); the few-column
+  sums added column by column. No row padding: an AR step's row costs one row's work. Elementwise work rounds each
+  element alike whatever the call holds, except torch's CPU sigmoid and silu, which compute the elements past a
+  tensor's last full vectors by a scalar path that rounds differently: on the CPU InvariantRows pads each row to a
+  multiple of ROW_VECTOR elements for them.
+- BlockRows (batch-invariant, the fallback where linear_rows' bfloat16 kernel does not run: CUDA before sm_80):
+  blocks of exactly ROW_BLOCK rows, the last zero-padded; a kernel is chosen by its shapes, so every row goes through
+  the same kernels whatever the call holds; the experts padded alike (engine/model/moe.py).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers import rowwise
+from engine.model.layers import rms_norm, rowwise
 from engine.model.moe import Experts, dense_moe, sparse_moe
 from kernels import ops
 
@@ -49,11 +51,18 @@ class FastRows:
         """o_lat [N, H, R] through w_uv [H, v, R]: [N, H, v]."""
         return torch.einsum("nhr,hvr->nhv", o_lat, w_uv)
 
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm(x, weight, eps)
+
     def silu(self, t: torch.Tensor) -> torch.Tensor:
         return F.silu(t)
 
     def sigmoid(self, t: torch.Tensor) -> torch.Tensor:
         return t.sigmoid()
+
+    def total(self, t: torch.Tensor) -> torch.Tensor:
+        """[N, k] -> [N, 1]: each row's sum."""
+        return t.sum(-1, keepdim=True)
 
     def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts,
                foreign: bool) -> torch.Tensor:
@@ -64,7 +73,8 @@ class FastRows:
 
 
 class BlockRows(FastRows):
-    """The batch-invariant mode on CUDA: torch's kernels on blocks of exactly ROW_BLOCK rows."""
+    """The batch-invariant mode where linear_rows' bfloat16 kernel does not run: torch's kernels on blocks of exactly
+    ROW_BLOCK rows."""
 
     exact = True
 
@@ -73,55 +83,88 @@ class BlockRows(FastRows):
 
 
 class InvariantRows:
-    """The batch-invariant mode on the CPU: every matmul through ops.linear_rows, its weights packed on first use and
-    kept (keyed by the weight tensor, which the model holds as long as it holds this): a float32 copy of the
-    weights, made by the mode's first forward."""
+    """The batch-invariant mode through ops.linear_rows, on the CPU (float32: a bfloat16 model's rows are computed in
+    float32 and rounded back) and on CUDA (in the rows' dtype). Weights are packed on first use and kept (keyed by the
+    weight tensor, which the model holds as long as it holds this): on the CPU a float32 copy of every weight, made by
+    the mode's first forward; on CUDA the weights themselves where their K is a multiple of 8."""
 
-    def __init__(self) -> None:
-        self._packed: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+    def __init__(self, device: torch.device) -> None:
+        self.on_cpu = device.type == "cpu"
+        self._packed: dict[tuple[int, bool, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._ones: dict[int, torch.Tensor] = {}
 
-    def packed(self, weight: torch.Tensor, in_out: bool = False) -> torch.Tensor:
-        """weight [N, K] (or [G, N, K]; in_out: [G, K, N]) packed for ops.linear_rows, once."""
-        key = (id(weight), in_out)
+    def _dtype(self, x: torch.Tensor) -> torch.dtype:
+        return torch.float32 if self.on_cpu else x.dtype
+
+    def packed(self, weight: torch.Tensor, dtype: torch.dtype, in_out: bool = False) -> torch.Tensor:
+        """weight [N, K] (or [G, N, K]; in_out: [G, K, N]) packed for ops.linear_rows at dtype, once."""
+        key = (id(weight), in_out, dtype)
         if key not in self._packed:
-            self._packed[key] = (weight, ops.pack_linear_rows(weight.transpose(1, 2) if in_out else weight))
+            self._packed[key] = (weight, ops.pack_linear_rows(weight.transpose(1, 2) if in_out else weight, dtype))
         return self._packed[key][1]
+
+    def _rows(self, x: torch.Tensor, weight: torch.Tensor, out_features: int, in_out: bool = False,
+              group_ends: torch.Tensor | None = None) -> torch.Tensor:
+        dtype = self._dtype(x)
+        out = ops.linear_rows(x.to(dtype), self.packed(weight, dtype, in_out), out_features, group_ends)
+        return out.to(x.dtype)
 
     def run(self, fn, *rows: torch.Tensor):
         return fn(*rows)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        out = ops.linear_rows(x.reshape(-1, x.shape[-1]).float().contiguous(), self.packed(weight), weight.shape[0])
-        return out.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
+        out = self._rows(x.reshape(-1, x.shape[-1]), weight, weight.shape[0])
+        return out.reshape(*x.shape[:-1], weight.shape[0])
 
     def absorb(self, q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
-        return ops.linear_rows(q_nope.float(), self.packed(w_uk, in_out=True), w_uk.shape[2]).to(q_nope.dtype)
+        return self._rows(q_nope, w_uk, w_uk.shape[2], in_out=True)
 
     def expand(self, o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
-        return ops.linear_rows(o_lat.float(), self.packed(w_uv), w_uv.shape[1]).to(o_lat.dtype)
+        return self._rows(o_lat, w_uv, w_uv.shape[1])
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """layers.rms_norm with each row's sum of squares a float32 linear_rows against a ones column."""
+        width = x.shape[-1]
+        if width not in self._ones:
+            self._ones[width] = ops.pack_linear_rows(torch.ones(1, width, device=x.device))
+        xf = x.float()
+        squares = ops.linear_rows((xf * xf).reshape(-1, width), self._ones[width], 1).reshape(*x.shape[:-1], 1)
+        return (xf * torch.rsqrt(squares / width + eps) * weight.float()).to(x.dtype)
 
     def silu(self, t: torch.Tensor) -> torch.Tensor:
-        return _whole_vectors(F.silu, t)
+        return _whole_vectors(F.silu, t) if self.on_cpu else F.silu(t)
 
     def sigmoid(self, t: torch.Tensor) -> torch.Tensor:
-        return _whole_vectors(torch.sigmoid, t)
+        return _whole_vectors(torch.sigmoid, t) if self.on_cpu else t.sigmoid()
+
+    def total(self, t: torch.Tensor) -> torch.Tensor:
+        """[N, k] -> [N, 1]: each row's sum, its columns added in order."""
+        return _in_order(t.unbind(-1))[:, None]
 
     def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts,
                foreign: bool) -> torch.Tensor:
         """Each chosen expert over the rows that chose it (sparse or not: the dense reference's result, each row
-        alone), a token's k outputs summed in float32 in its own rank order. An expert id past the held ones
-        (foreign: another rank's) adds nothing."""
+        alone): the token-expert assignments sorted by expert, one grouped linear_rows per projection, and a token's
+        k outputs summed in float32 in its own rank order, on the device with nothing read on the host. An expert id
+        past the held ones (foreign: another rank's) sorts past every group and adds nothing."""
         n, k = idx.shape
         num_experts, hidden, width = experts.down.shape
-        gate_up, down = self.packed(experts.gate_up), self.packed(experts.down)
-        out = torch.zeros(n, k, hidden, dtype=torch.float32, device=x.device)
-        for e in idx.unique().tolist():  # read on the host: this runs on the CPU only
-            if e >= num_experts:
-                continue
-            token, slot = (idx == e).nonzero(as_tuple=True)
-            gate, up = ops.linear_rows(x[token, None].float(), gate_up[e:e + 1], 2 * width)[:, 0].chunk(2, dim=-1)
-            out[token, slot] = ops.linear_rows((self.silu(gate) * up)[:, None], down[e:e + 1], hidden)[:, 0]
-        return (out * weights.unsqueeze(-1).float()).sum(1).to(x.dtype)
+        flat = idx.reshape(-1)
+        order = flat.argsort(stable=True)  # the assignments grouped by expert, tokens in order within a group
+        ids = torch.arange(num_experts, device=x.device, dtype=flat.dtype)
+        ends = torch.searchsorted(flat[order], ids, right=True, out_int32=True)  # [E]: each expert's rows end
+        gate, up = self._rows(x[order // k], experts.gate_up, 2 * width, group_ends=ends).chunk(2, dim=-1)
+        out = self._rows(self.silu(gate) * up, experts.down, hidden, group_ends=ends)
+        out = torch.empty_like(out).index_copy_(0, order, out).view(n, k, hidden).float()
+        return _in_order([out[:, j] * weights[:, j, None].float() for j in range(k)]).to(x.dtype)
+
+
+def _in_order(terms) -> torch.Tensor:
+    """terms[0] + terms[1] + ..., added left to right (elementwise: every element rounds alike whatever the call)."""
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
 
 
 def _whole_vectors(fn, t: torch.Tensor) -> torch.Tensor:
@@ -138,6 +181,10 @@ def _whole_vectors(fn, t: torch.Tensor) -> torch.Tensor:
 FAST = FastRows()
 
 
-def exact_rows(device: torch.device) -> FastRows | InvariantRows:
-    """The batch-invariant mode's rows on a model's device: InvariantRows on the CPU, BlockRows elsewhere."""
-    return InvariantRows() if device.type == "cpu" else BlockRows()
+def exact_rows(device: torch.device, dtype: torch.dtype) -> FastRows | InvariantRows:
+    """The batch-invariant mode's rows for a model's device and dtype: InvariantRows wherever linear_rows runs at that
+    dtype (the CPU; CUDA in float32, and in bfloat16 from sm_80), BlockRows elsewhere."""
+    if device.type == "cpu" or dtype == torch.float32 or (
+            dtype == torch.bfloat16 and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8):
+        return InvariantRows(device)
+    return BlockRows()

@@ -18,15 +18,15 @@ in float32), 0.45-1.45x with 1.5 MiB of experts and 0.03-0.8x from 3 MiB up (32 
 hence CPU_SPARSE_MIN_BYTES.
 
 Batch invariance: a grouped GEMM multiplies each expert's rows as one matrix, and on the CPU a matmul's reduction
-order depends on its row count, so a row's result would depend on how many other rows chose its expert. On the CPU
-the batch-invariant mode runs its own experts instead (engine/model/batch_rows.py InvariantRows.routed); on CUDA
-(exact=True here) it gives every chosen expert exactly N rows (N = the rows of the call: fixed blocks of
-ROW_BLOCK in that mode, and no expert gets more, since a token chooses an expert at most once), zero rows filling
-the rest; every matmul then has the same shape and a row's result depends on that row alone. On CUDA the grouped
-kernel picks its tiling from the static shapes only (torch's GroupMM.cu) and computes each output row from that row
-and its group's weights, and the padding costs no extra tiles there (a tile is 64 rows or more), so the exact mode
-uses the same padded layout on both. The dense reference is per-row exact as it is. A token's k expert outputs are
-summed in float32 in its own rank order.
+order depends on its row count, so a row's result would depend on how many other rows chose its expert. The
+batch-invariant mode runs its own experts instead (engine/model/batch_rows.py InvariantRows.routed: one grouped
+kernels.ops.linear_rows per projection); where that does not run (BlockRows: CUDA before sm_80, exact=True here) it
+gives every chosen expert exactly N rows (N = the rows of the call: fixed blocks of ROW_BLOCK in that mode, and no
+expert gets more, since a token chooses an expert at most once), zero rows filling the rest; every matmul then has
+the same shape and a row's result depends on that row alone. On CUDA the grouped kernel picks its tiling from the
+static shapes only (torch's GroupMM.cu) and computes each output row from that row and its group's weights, and the
+padding costs no extra tiles there (a tile is 64 rows or more). The dense reference is per-row exact as it is. A
+token's k expert outputs are summed in float32 in its own rank order.
 """
 from __future__ import annotations
 
@@ -94,12 +94,12 @@ def stack_experts(cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]],
     return rest, stacks
 
 
-def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, sigmoid=torch.sigmoid
+def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, sigmoid=torch.sigmoid, total=None
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3 routing of float32 router logits [N, E]: each token's top-k experts [N, k] (chosen on the scores
     plus the correction bias, group-limited) and their float32 weights [N, k] (from the unbiased scores, normalised
-    if norm_topk_prob, times routed_scaling_factor). sigmoid: the batch-invariant mode's on the CPU
-    (engine/model/batch_rows.py), else torch's."""
+    if norm_topk_prob, times routed_scaling_factor). sigmoid and total (each row's sum, [N, k] -> [N, 1]): the
+    batch-invariant mode's (engine/model/batch_rows.py), else torch's."""
     scores = sigmoid(logits) if cfg.scoring_func == "sigmoid" else logits.softmax(-1)
     choice = scores + bias  # the bias steers selection only
     n, e = choice.shape
@@ -112,7 +112,7 @@ def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, sigmoid=to
     idx = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
     w = scores.gather(1, idx)
     if cfg.norm_topk_prob:
-        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        w = w / ((w.sum(-1, keepdim=True) if total is None else total(w)) + 1e-20)
     return idx, w * cfg.routed_scaling_factor
 
 

@@ -18,7 +18,7 @@ from engine.config import LATENT_NORM_EPS, ModelConfig
 from engine.loaders.checkpoint import Checkpoint
 from engine.model.batch_rows import FAST, exact_rows
 from engine.model.cache import LatentCache
-from engine.model.layers import apply_rope, fused_rows, rms_norm, swiglu
+from engine.model.layers import apply_rope, fused_rows, swiglu
 from engine.model.moe import (
     ExpertLoad,
     Experts,
@@ -90,7 +90,7 @@ class TargetModel:
         self.num_moe_layers = sum(layer["moe"] for layer in self.layers)
         self.expert_load = ExpertLoad(self.num_moe_layers, cfg.n_routed_experts, self.device)
         self.bytes_per_expert = expert_bytes(cfg, self.dtype.itemsize)
-        self.exact_rows = exact_rows(self.device)  # the batch-invariant mode's (engine/model/batch_rows.py)
+        self.exact_rows = exact_rows(self.device, self.dtype)  # the batch-invariant mode's (engine/model/batch_rows.py)
 
     def layout(self) -> dict | None:
         """The parallel layout this model is part of (Shard.layout), or None when it is whole."""
@@ -210,7 +210,7 @@ class TargetModel:
             if i in hidden_layers:
                 captured[i] = x
         with timer.range("lm_head"):
-            x = rows.run(lambda x: rms_norm(x, self.final_norm, cfg.rms_norm_eps), x)
+            x = rows.run(lambda x: rows.rms_norm(x, self.final_norm, cfg.rms_norm_eps), x)
             logits = rows.run(lambda x: rows.linear(x, self.lm_head), x).float()
         captured[cfg.num_hidden_layers - 1] = x  # transformers' last hidden state is after the final norm
         hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
@@ -220,15 +220,15 @@ class TargetModel:
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per row: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row: c [N, R], rope(k_pe) [N, P]."""
         cfg = self.cfg
-        x = rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
+        x = rows.rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
         n, h = x.shape[0], a.w_uk.shape[0]  # this rank's heads
         q, c_kv, k_pe = rows.linear(x, a.x_proj).split([a.q_rows, cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         if a.q_b is not None:
-            q = rows.linear(rms_norm(q, a.q_a_norm, LATENT_NORM_EPS), a.q_b)
+            q = rows.linear(rows.rms_norm(q, a.q_a_norm, LATENT_NORM_EPS), a.q_b)
         q_nope, q_pe = q.reshape(n, h, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()
         q_lat = rows.absorb(q_nope, a.w_uk).contiguous()
-        return (q_lat, q_pe, rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),
+        return (q_lat, q_pe, rows.rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),
                 apply_rope(k_pe, cos, sin, cfg.rope_interleave))
 
     def _attention_out(self, rows, a: _Attention, o_lat: torch.Tensor) -> torch.Tensor:
@@ -245,7 +245,7 @@ class TargetModel:
             return self.shard.all_reduce(partial)
 
     def _ffn(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor, timer: StepTimer) -> torch.Tensor:
-        x = rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
+        x = rows.rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
         return self._moe(rows, layer, x, real, timer) if layer["moe"] else swiglu(x, *layer["mlp"], rows.linear,
                                                                                   rows.silu)
 
@@ -253,7 +253,7 @@ class TargetModel:
         """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
         padding. With a shard: this rank's experts' and shared columns' part of the output."""
         logits = rows.linear(x.float(), layer["router"])
-        idx, weights = route(self.cfg, logits, layer["router_bias"], rows.sigmoid)  # [N, k] each
+        idx, weights = route(self.cfg, logits, layer["router_bias"], rows.sigmoid, rows.total)  # [N, k] each
         self.expert_load.add(layer["moe_index"], idx, real)
         held = self.held_experts
         if held is not None:

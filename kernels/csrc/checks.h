@@ -204,23 +204,38 @@ inline void check_confidence_learn_args(const at::Tensor& realised, const at::Te
   check_same_device(path, scores, "path", "scores");
 }
 
-// linear_rows: x [M, G, K] float32 (rows and groups at any stride, K contiguous) and the G weights as
-// kernels.ops.pack_linear_rows packs them, [G, ceil(N / panel), K, panel].
-inline void check_linear_rows_args(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                                   int64_t panel) {
-  check_dtype(x, at::kFloat, "x");
-  check_dtype(packed, at::kFloat, "packed");
+// linear_rows: x [M, G, K] (rows and groups at any stride, K contiguous); the G weights as kernels.ops.pack_linear_rows
+// packs them for the device (the CPU: float32 [G, ceil(N / panel), K, panel]; CUDA: [G, N, K rounded up to 8] in x's
+// dtype); group_ends: int32 [G] on x's device, with x [M, 1, K] (its values are checked by the CPU op).
+inline void check_linear_rows_common(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                                     const std::optional<at::Tensor>& group_ends) {
   check_shape(x, 3, "x", "[M, G, K]");
-  check_shape(packed, 4, "packed", "[G, ceil(N / 16), K, 16] (kernels.ops.pack_linear_rows)");
   TORCH_CHECK(x.stride(2) == 1 || x.size(2) <= 1, "x's last dimension (K) must be contiguous, got strides ",
               x.strides());
   check_contiguous(packed, "packed");
   check_same_device(packed, x, "packed", "x");
   TORCH_CHECK(out_features >= 0, "out_features must be >= 0, got ", out_features);
-  TORCH_CHECK(packed.size(0) == x.size(1) && packed.size(1) == (out_features + panel - 1) / panel &&
+  if (!group_ends.has_value()) return;
+  check_dtype(*group_ends, at::kInt, "group_ends");
+  check_shape(*group_ends, 1, "group_ends", "[G]");
+  check_same_device(*group_ends, x, "group_ends", "x");
+  TORCH_CHECK(x.size(1) == 1, "with group_ends, x must be [M, 1, K] (each row through its group's weight), got ",
+              x.sizes());
+  TORCH_CHECK(group_ends->size(0) == packed.size(0) && packed.size(0) >= 1, "group_ends must hold one end per ",
+              "packed weight (", packed.size(0), "), got ", group_ends->size(0));
+}
+
+inline void check_linear_rows_args(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                                   const std::optional<at::Tensor>& group_ends, int64_t panel) {
+  check_dtype(x, at::kFloat, "x");
+  check_dtype(packed, at::kFloat, "packed");
+  check_shape(packed, 4, "packed", "[G, ceil(N / 16), K, 16] (kernels.ops.pack_linear_rows)");
+  check_linear_rows_common(x, packed, out_features, group_ends);
+  const int64_t groups = group_ends.has_value() ? packed.size(0) : x.size(1);
+  TORCH_CHECK(packed.size(0) == groups && packed.size(1) == (out_features + panel - 1) / panel &&
                   packed.size(2) == x.size(2) && packed.size(3) == panel,
-              "packed must be [G, ceil(N / ", panel, "), K, ", panel, "] for G = x.size(1) = ", x.size(1),
-              ", N = out_features = ", out_features, " and K = x.size(2) = ", x.size(2),
+              "packed must be [G, ceil(N / ", panel, "), K, ", panel, "] for G = ", groups, ", N = out_features = ",
+              out_features, " and K = x.size(2) = ", x.size(2),
               " (pack the [G, N, K] weights with kernels.ops.pack_linear_rows), got ", packed.sizes());
 }
 

@@ -25,8 +25,8 @@ TORCH_LIBRARY(ddtree, m) {
   m.def(
       "confidence_learn(Tensor(a!) realised, Tensor(b!) predicted, Tensor parents, Tensor depths, Tensor ranks, "
       "Tensor scores, Tensor path) -> ()");
-  // CPU only: the batch-invariant mode's matmul, every row's reductions in an order fixed by the row alone.
-  m.def("linear_rows(Tensor x, Tensor packed, int out_features) -> Tensor");
+  // The batch-invariant mode's matmul, every row's reductions in an order fixed by the row alone.
+  m.def("linear_rows(Tensor x, Tensor packed, int out_features, Tensor? group_ends=None) -> Tensor");
   // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
   m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");

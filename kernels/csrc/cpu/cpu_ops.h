@@ -32,6 +32,7 @@ void confidence_learn(const at::Tensor& realised, const at::Tensor& predicted, c
                       const at::Tensor& depths, const at::Tensor& ranks, const at::Tensor& scores,
                       const at::Tensor& path);
 
-at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& packed, int64_t out_features);
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                       const std::optional<at::Tensor>& group_ends);
 
 }  // namespace ddtree::cpu

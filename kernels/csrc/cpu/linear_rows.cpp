@@ -1,5 +1,5 @@
 // A row-invariant matmul on the CPU (contract: kernels/ops.py): out [M, G, N] = x [M, G, K] W_g^T per group g,
-// each W_g [N, K] packed once.
+// each W_g [N, K] packed once; or, with group_ends, each row of x [M, 1, K] through the W_g whose range holds it.
 //
 // Every output element is one float32 chain over k = 0 .. K - 1 in order, acc = acc + x[m, k] * W[n, k] from 0,
 // computed by one thread (each multiply-add fused or not as the compiler builds tile(), alike for every row count:
@@ -10,6 +10,7 @@
 // kPanel], zero-padded, so that a panel's row for one k is one contiguous load.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 
@@ -25,10 +26,15 @@ constexpr int64_t kPanel = 16;  // output columns per panel (kernels/ops.py LINE
 constexpr int kRows = 6;        // rows per tile: 6 x 16 accumulators (12 AVX2 registers, as BLAS kernels use)
 
 struct Problem {
-  const float* x;       // [M, G, K], strides row_stride, group_stride, 1
-  const float* packed;  // [G, P, K, kPanel]
-  float* out;           // [M, G, N]
-  int64_t num_rows, num_groups, depth, num_cols, num_panels, row_stride, group_stride;
+  const float* x;            // [M, G, K], strides row_stride, group_stride (0 with group_ends), 1
+  const float* packed;       // [G, P, K, kPanel]
+  const int32_t* group_ends;  // [G] or null (every group takes every row)
+  float* out;                // [M, out_groups, N]: out_groups is 1 with group_ends, else G
+  int64_t num_rows, num_groups, out_groups, depth, num_cols, num_panels, row_stride, group_stride;
+
+  int64_t row_begin(int64_t g) const { return group_ends == nullptr || g == 0 ? 0 : group_ends[g - 1]; }
+  int64_t row_end(int64_t g) const { return group_ends == nullptr ? num_rows : group_ends[g]; }
+  int64_t out_group(int64_t g) const { return group_ends == nullptr ? g : 0; }
 };
 
 // Rows m0 .. m0 + R - 1 of group g against its panel: the chains over k, then the panel's real columns stored.
@@ -55,7 +61,7 @@ DDTREE_ALWAYS_INLINE void tile(const Problem& p, int64_t m0, int64_t g, int64_t 
   for (int r = 0; r < R; ++r) {
     float row[kPanel];
     for (int v = 0; v < V; ++v) simd::store<L>(row + v * L::kWidth, acc[r][v]);
-    std::copy(row, row + cols, p.out + ((m0 + r) * p.num_groups + g) * p.num_cols + n0);
+    std::copy(row, row + cols, p.out + ((m0 + r) * p.out_groups + p.out_group(g)) * p.num_cols + n0);
   }
 }
 
@@ -72,9 +78,10 @@ template <class L>
 DDTREE_ALWAYS_INLINE void panels(const Problem& p, int64_t begin, int64_t end) {
   for (int64_t task = begin; task < end; ++task) {
     const int64_t g = task / p.num_panels, panel = task % p.num_panels;
-    int64_t m0 = 0;
-    for (; m0 + kRows <= p.num_rows; m0 += kRows) tile<L, kRows>(p, m0, g, panel);
-    if (m0 < p.num_rows) tail<L, kRows - 1>(p, m0, g, panel, p.num_rows - m0);
+    const int64_t end = p.row_end(g);
+    int64_t m0 = p.row_begin(g);
+    for (; m0 + kRows <= end; m0 += kRows) tile<L, kRows>(p, m0, g, panel);
+    if (m0 < end) tail<L, kRows - 1>(p, m0, g, panel, end - m0);
   }
 }
 
@@ -92,10 +99,20 @@ void panels_generic(const Problem& p, int64_t begin, int64_t end) { panels<simd:
 
 }  // namespace
 
-at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
-  check_linear_rows_args(x, packed, out_features, kPanel);
-  const int64_t num_rows = x.size(0), num_groups = x.size(1);
-  at::Tensor out = at::empty({num_rows, num_groups, out_features}, x.options());
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                       const std::optional<at::Tensor>& group_ends) {
+  check_linear_rows_args(x, packed, out_features, group_ends, kPanel);
+  const bool grouped = group_ends.has_value();
+  const int64_t num_rows = x.size(0), num_groups = packed.size(0), out_groups = x.size(1);
+  const int32_t* ends = grouped ? group_ends->const_data_ptr<int32_t>() : nullptr;
+  for (int64_t g = 0; grouped && g < num_groups; ++g) {
+    const int64_t begin = g == 0 ? 0 : ends[g - 1];
+    TORCH_CHECK(begin <= ends[g] && ends[g] <= num_rows && ends[g] >= 0, "group_ends must be non-decreasing in [0, ",
+                "M = ", num_rows, "], got ", *group_ends);
+  }
+  // With group_ends the rows past the last group's end belong to none: zeros.
+  at::Tensor out = grouped ? at::zeros({num_rows, 1, out_features}, x.options())
+                           : at::empty({num_rows, out_groups, out_features}, x.options());
   if (out.numel() == 0) return out;
   PanelsFn fn = panels_generic;
 #ifdef DDTREE_X86_64
@@ -103,8 +120,9 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   if (isa == Isa::kAvx512) fn = panels_avx512;
   if (isa == Isa::kAvx2) fn = panels_avx2;
 #endif
-  const Problem p{x.const_data_ptr<float>(), packed.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
-                  num_rows, num_groups, x.size(2), out_features, packed.size(1), x.stride(0), x.stride(1)};
+  const Problem p{x.const_data_ptr<float>(), packed.const_data_ptr<float>(), ends, out.mutable_data_ptr<float>(),
+                  num_rows, num_groups, out_groups, x.size(2), out_features, packed.size(1), x.stride(0),
+                  grouped ? 0 : x.stride(1)};
   // Threads take whole (group, panel) pairs: every output is one thread's chain. Grain: about 64 k FMAs a task.
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, num_rows * p.depth * kPanel));
   at::parallel_for(0, num_groups * p.num_panels, grain, [&](int64_t begin, int64_t end) { fn(p, begin, end); });

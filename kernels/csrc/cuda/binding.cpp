@@ -5,6 +5,7 @@
 // caching allocator, dispatches float32 / bfloat16 and turns a failed launch into an error naming the op.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -31,6 +32,7 @@
 #include "confidence_learn.cuh"
 #include "graph_switch.cuh"
 #include "kv_compact.cuh"
+#include "linear_rows.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
 #include "verify_attn.cuh"
@@ -73,6 +75,9 @@ constexpr Choice<VerifyAttnKernel> kVerifyAttnKernels[] = {{"auto", VerifyAttnKe
                                                            {"wgmma", VerifyAttnKernel::kWgmma},
                                                            {"mma", VerifyAttnKernel::kMmaSync},
                                                            {"cuda-core", VerifyAttnKernel::kCudaCore}};
+
+constexpr Choice<LinearRowsKernel> kLinearRowsKernels[] = {
+    {"auto", LinearRowsKernel::kAuto}, {"wgmma", LinearRowsKernel::kWgmma}, {"mma", LinearRowsKernel::kMmaSync}};
 
 // How the batch-invariant tensor-core kernel spreads its splits over blocks (the same bits either way).
 constexpr Choice<int> kExactBlocks[] = {{"auto", 0}, {"split", 1}, {"group", 2}};
@@ -335,6 +340,71 @@ void confidence_learn(const at::Tensor& realised, const at::Tensor& predicted, c
   check_launch(ConfidenceLearn(args, c10::cuda::getCurrentCUDAStream()), op);
 }
 
+at::Tensor linear_rows(const at::Tensor& x_in, const at::Tensor& packed, int64_t out_features,
+                       const std::optional<at::Tensor>& group_ends) {
+  constexpr const char* op = "linear_rows";
+  check_linear_rows_common(x_in, packed, out_features, group_ends);
+  check_on_cuda(x_in, op, "x");
+  const bool bf16 = x_in.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || x_in.scalar_type() == at::kFloat, op, " (CUDA): x must be bfloat16 or float32, got ",
+              dtype_name(x_in.scalar_type()));
+  check_dtype(packed, x_in.scalar_type(), "packed");
+  const int64_t depth = x_in.size(2), padded_depth = bf16 ? (depth + 7) / 8 * 8 : depth;
+  const bool grouped = group_ends.has_value();
+  const int64_t num_groups = packed.dim() == 3 ? packed.size(0) : 0;
+  TORCH_CHECK(packed.dim() == 3 && packed.size(1) == out_features && packed.size(2) == padded_depth &&
+                  (grouped || num_groups == x_in.size(1)),
+              op, " (CUDA): packed must be [G, N, K'] for G = ", grouped ? num_groups : x_in.size(1),
+              ", N = out_features = ", out_features, " and K' = ", padded_depth, " (K = x.size(2) = ", depth,
+              bf16 ? " rounded up to 8" : "", "; pack the [G, N, K] weights with kernels.ops.pack_linear_rows), got ",
+              packed.sizes());
+  TORCH_CHECK(num_groups <= 65535, op, " (CUDA): G = ", num_groups, " groups is above the kernel's limit of 65535");
+
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x_in.get_device()));
+  TORCH_CHECK(!bf16 || major >= 8, op, " (CUDA): the bfloat16 kernel needs tensor cores of sm_80 or later, this GPU is ",
+              "sm_", major, "x; pass float32 rows and weights (the batch-invariant mode falls back to fixed row blocks)");
+  // The tensor cores read K in 16-byte pieces: rows whose K, strides or start are not 16-byte aligned are copied
+  // once, zero-padded to K' (zeros add nothing to a row's chain).
+  at::Tensor x = x_in;
+  const auto aligned = [&](int64_t elements) { return elements % 8 == 0; };
+  if (bf16 && (!aligned(depth) || !aligned(x.stride(0)) || !aligned(x.stride(1)) ||
+               reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 != 0)) {
+    x = at::zeros({x_in.size(0), x_in.size(1), padded_depth}, x_in.options());
+    x.narrow(2, 0, depth).copy_(x_in);
+  }
+  const int64_t out_groups = x.size(1);
+  at::Tensor out = grouped ? at::zeros({x.size(0), out_groups, out_features}, x.options())
+                           : at::empty({x.size(0), out_groups, out_features}, x.options());
+  LinearRowsArgs args{};
+  args.x = x.const_data_ptr();
+  args.weight = packed.const_data_ptr();
+  args.group_ends = grouped ? group_ends->const_data_ptr<int32_t>() : nullptr;
+  args.out = out.mutable_data_ptr();
+  args.row_stride = x.stride(0);
+  args.group_stride = grouped ? 0 : x.stride(1);
+  args.num_rows = as_int(x.size(0), op, "M (x.size(0))");
+  args.num_groups = grouped ? static_cast<int>(num_groups) : static_cast<int>(out_groups);
+  args.out_groups = static_cast<int>(out_groups);
+  args.depth = as_int(padded_depth, op, "K");
+  args.num_cols = as_int(out_features, op, "N (out_features)");
+  args.bf16 = bf16;
+  args.kernel = env_choice(op, "DDTREE_LINEAR_ROWS_KERNEL", kLinearRowsKernels).value;
+  TORCH_CHECK(args.kernel != LinearRowsKernel::kWgmma || LinearRowsWgmmaAvailable(), op,
+              " (CUDA): DDTREE_LINEAR_ROWS_KERNEL=wgmma needs an sm_90a build on a compute capability 9.0 GPU; unset it");
+  int num_sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, x.get_device()));
+  args.plan = LinearRowsPlanFor(args.num_cols, args.depth, args.num_groups, grouped, bf16, num_sms);
+  at::Tensor partial;
+  if (const size_t elements = LinearRowsPartialElements(args); elements > 0) {
+    partial = at::empty({static_cast<int64_t>(elements)}, x.options().dtype(at::kFloat));
+    args.partial = partial.mutable_data_ptr<float>();
+  }
+  check_launch(LinearRows(args, c10::cuda::getCurrentCUDAStream()), op);
+  return out;
+}
+
 // -- graph switches: capture helpers for kernels/graph_switch.py (design: graph_switch.cuh) --------------------
 //
 // A switch node's branches are captured one after the other on a side stream, each into its body graph
@@ -486,6 +556,7 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("kv_compact", &ddtree::cuda::kv_compact);
   m.impl("budget_choose", &ddtree::cuda::budget_choose);
   m.impl("confidence_learn", &ddtree::cuda::confidence_learn);
+  m.impl("linear_rows", &ddtree::cuda::linear_rows);
   m.impl("graph_switch_begin", &ddtree::cuda::graph_switch_begin);
   m.impl("graph_branch_begin", &ddtree::cuda::graph_branch_begin);
   m.impl("graph_branch_end", &ddtree::cuda::graph_branch_end);
