@@ -41,9 +41,21 @@ DDTREE_ALWAYS_INLINE void store(float* p, typename L::F v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
+// x in every lane. GCC builds a vector-extension broadcast (x - F{}) lane by lane, a load and an insert per lane,
+// and so it does through a helper over an index sequence; x in lane 0 shuffled to every lane, the indices written
+// out here, is one vbroadcastss.
 template <class L>
 DDTREE_ALWAYS_INLINE typename L::F splat(float x) {
-  return x - typename L::F{};  // x - 0 is x for every x, -0 included (x + 0 is not)
+  const typename L::F v = {x};
+  if constexpr (L::kWidth == 16) {
+    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  } else if constexpr (L::kWidth == 8) {
+    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
+  } else if constexpr (L::kWidth == 4) {
+    return __builtin_shufflevector(v, v, 0, 0, 0, 0);
+  } else {
+    return x - typename L::F{};  // x - 0 is x for every x, -0 included (x + 0 is not)
+  }
 }
 
 // Lanes of a where mask (a comparison's result: all ones or zero) is set, else lanes of b.
