@@ -3,6 +3,7 @@
 # Usage (from the repo root, on the GPU machine): bash benchmarks/h200_session.sh MODE; logs go to $OUT.
 #   check: gpu-check, verify and the sanitizers      bench: the kernel and decode benchmarks
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
+#   exact: the batch-invariant mode's matmul (bench_kernels --sections linear_rows) and steps (bench_exact)
 #   pair: train the shipped target and its DFlash drafter (showcase presets, resumable; TARGET_ARGS and DRAFTER_ARGS
 #         add options, e.g. TARGET_ARGS="--steps 8000") into $PAIR, tar them into $OUT in parts, then bench_pair
 #         (BENCH_ARGS) with what is left of TOTAL_S
@@ -31,8 +32,14 @@ if [ "$mode" = check ] || [ "$mode" = full ]; then
     2>&1 | tail -4 | tee "$OUT/racecheck.log"
 fi
 if [ "$mode" = bench ] || [ "$mode" = full ]; then
-  timeout 300 python3 -m benchmarks.bench_kernels --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_kernels.log"
+  timeout 300 python3 -m benchmarks.bench_kernels --device cuda --out "$OUT" \
+    --sections verify_attn,tree_build,tree_build_tiny,tree_accept,kv_compact 2>&1 | tee "$OUT/bench_kernels.log"
   timeout 240 python3 -m benchmarks.bench_decode --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_decode.log"
+fi
+if [ "$mode" = exact ]; then
+  timeout 150 python3 -m benchmarks.bench_kernels --device cuda --sections linear_rows --out "$OUT/linear_rows" 2>&1 \
+    | tee "$OUT/bench_linear_rows.log"
+  timeout 120 python3 -m benchmarks.bench_exact --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_exact.log"
 fi
 if [ "$mode" = moe ]; then
   timeout 300 python3 -m benchmarks.bench_moe --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log"

@@ -19,7 +19,7 @@ from engine.loaders.kdtr import read_kdtr
 from engine.model.target import TargetModel
 
 CUDA_TESTS = ("tests/test_ops_cuda.py", "tests/test_decode_cuda.py", "tests/test_dflash_cuda.py",
-              "tests/test_cuda_compile.py")
+              "tests/test_linear_rows_cuda.py", "tests/test_cuda_compile.py")
 
 
 def _decode_checks(fixture: str) -> list[tuple[str, bool, str]]:

@@ -64,9 +64,10 @@ linear_rows(x [M, G, K], packed, out_features N, group_ends=None) -> out [M, G, 
   CPU: float32; packed [G, ceil(N / 16), K, 16] (panels of LINEAR_ROWS_PANEL columns, zero-padded); every output
   one float32 chain over k = 0 .. K - 1 in order from 0 (each multiply-add fused or not as the compiler builds it,
   alike for every row count). CUDA: bfloat16 or float32; packed [G, N, K'] in x's dtype (bfloat16: K' = K rounded up
-  to 8, zero-padded); bfloat16 runs tensor-core tiles of 16 rows, fp32 sums over K cut at positions fixed by W's
-  shape and the GPU (csrc/cuda/linear_rows.cuh), added in order and rounded once; float32 a warp's 32 strided
-  chains folded by a fixed butterfly. A row's bits may differ between the devices, never between calls.
+  to 8, zero-padded); bfloat16 runs tensor-core MMAs (wgmma on sm_90a, each row a column of the instruction;
+  mma.sync tiles of 16 rows elsewhere), fp32 sums over K cut at positions fixed by W's shape and the GPU
+  (csrc/cuda/linear_rows.cuh), added in order and rounded once; float32 a warp's 32 strided chains folded by a fixed
+  butterfly. A row's bits may differ between the devices, never between calls on one.
 
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
 depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0) raise on the CPU. The CUDA ops cannot

@@ -363,8 +363,9 @@ at::Tensor linear_rows(const at::Tensor& x_in, const at::Tensor& packed, int64_t
   const c10::cuda::CUDAGuard guard(x_in.device());
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x_in.get_device()));
-  TORCH_CHECK(!bf16 || major >= 8, op, " (CUDA): the bfloat16 kernel needs tensor cores of sm_80 or later, this GPU is ",
-              "sm_", major, "x; pass float32 rows and weights (the batch-invariant mode falls back to fixed row blocks)");
+  TORCH_CHECK(!bf16 || major >= 8, op, " (CUDA): the bfloat16 kernel needs tensor cores of sm_80 or later, this ",
+              "GPU is sm_", major, "x; pass float32 rows and weights (the batch-invariant mode falls back to fixed ",
+              "row blocks)");
   // The tensor cores read K in 16-byte pieces: rows whose K, strides or start are not 16-byte aligned are copied
   // once, zero-padded to K' (zeros add nothing to a row's chain).
   at::Tensor x = x_in;
@@ -392,7 +393,8 @@ at::Tensor linear_rows(const at::Tensor& x_in, const at::Tensor& packed, int64_t
   args.bf16 = bf16;
   args.kernel = env_choice(op, "DDTREE_LINEAR_ROWS_KERNEL", kLinearRowsKernels).value;
   TORCH_CHECK(args.kernel != LinearRowsKernel::kWgmma || LinearRowsWgmmaAvailable(), op,
-              " (CUDA): DDTREE_LINEAR_ROWS_KERNEL=wgmma needs an sm_90a build on a compute capability 9.0 GPU; unset it");
+              " (CUDA): DDTREE_LINEAR_ROWS_KERNEL=wgmma needs an sm_90a build on a compute capability 9.0 GPU; ",
+              "unset it");
   int num_sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, x.get_device()));
   args.plan = LinearRowsPlanFor(args.num_cols, args.depth, args.num_groups, grouped, bf16, num_sms);

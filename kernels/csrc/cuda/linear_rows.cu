@@ -1,8 +1,8 @@
 // The row-invariant matmul's kernels (linear_rows.cuh has the contract and why each is row-invariant).
 //
-// bfloat16: a block owns 64 or 128 output columns, one K range (split) and a chunk of rows of one group. K streams through
-// shared memory in chunks of 64 (4 stages of cp.async; 16-byte pieces swizzled by row, the 128-byte swizzle that
-// wgmma reads and that spares ldmatrix bank conflicts). The row chunk is the grid's fastest index, so the blocks that
+// bfloat16: a block owns 64 or 128 output columns, one K range (split) and a chunk of rows of one group. K streams
+// through shared memory in chunks of 64 (4 stages of cp.async; 16-byte pieces swizzled by row, the 128-byte swizzle
+// that wgmma reads and that spares ldmatrix bank conflicts). The row chunk is the grid's fastest index, so the blocks that
 // read the same weight slab for different rows run side by side and share it through L2.
 // - sm_90a: one or two warpgroups a block, each with its 64 columns of the weight tile as wgmma's M and the block's
 //   rows as its N (m64nNk16 per 16 of K, N = 8 .. 256 by the rows: each row a column of the instruction).
@@ -120,7 +120,9 @@ __global__ void __launch_bounds__(kThreads) linear_rows_mma(const LinearRowsArgs
     cp_async_wait_stages();
     __syncthreads();  // the stage is in; every warp is done with the one the next load overwrites
     const int next = chunk + kStages - 1;
-    if (next < t.num_chunks) load_stage<kBlockCols, kTileRows, kThreads>(smem + next % kStages * kStageBytes, a, t, next);
+    if (next < t.num_chunks) {
+      load_stage<kBlockCols, kTileRows, kThreads>(smem + next % kStages * kStageBytes, a, t, next);
+    }
     cp_async_commit();
     const uint8_t* ws = smem + (chunk % kStages) * kStageBytes;
     const uint8_t* xs = ws + kBlockCols * kLineBytes;
@@ -146,7 +148,8 @@ __global__ void __launch_bounds__(kThreads) linear_rows_mma(const LinearRowsArgs
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {  // acc[mt][j][e]: row 16 mt + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2
+      // acc[mt][j][e]: row 16 mt + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2
+      for (int e = 0; e < 4; ++e) {
         store_output(a, t, mt * 16 + lane / 4 + 8 * (e / 2), t.n0 + warp * 16 + j * 8 + 2 * (lane % 4) + e % 2,
                      acc[mt][j][e]);
       }
@@ -210,7 +213,8 @@ __global__ void __launch_bounds__(kGroups * kThreads) linear_rows_wgmma(const Li
 #pragma unroll
   for (int j = 0; j < kRows / 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // d[4j + e]: column n0 + 16 warp + lane / 4 + 8 (e / 2), row 8j + 2 (lane % 4) + e % 2
+    // d[4j + e]: column n0 + 16 warp + lane / 4 + 8 (e / 2), row 8j + 2 (lane % 4) + e % 2
+    for (int e = 0; e < 4; ++e) {
       store_output(a, t, 8 * j + 2 * (lane % 4) + e % 2, n0 + 16 * warp + lane / 4 + 8 * (e / 2), d[4 * j + e]);
     }
   }
@@ -306,8 +310,8 @@ cudaError_t launch_mma(const LinearRowsArgs& a, cudaStream_t stream) {
 LinearRowsPlan LinearRowsPlanFor(int num_cols, int depth, int num_groups, bool grouped, bool bf16, int num_sms) {
   if (!bf16 || depth <= 0) return {1, std::max(depth, 1)};
   const int64_t blocks = static_cast<int64_t>(ceil_div(num_cols, kBlockCols)) * (grouped ? 1 : num_groups);
-  const int wanted = static_cast<int>(std::min<int64_t>(ceil_div(kMinBlocksPerSm * num_sms, std::max<int64_t>(blocks, 1)),
-                                                        std::max(1, depth / kMinSplitDepth)));
+  const int64_t for_the_grid = ceil_div(kMinBlocksPerSm * num_sms, std::max<int64_t>(blocks, 1));
+  const int wanted = static_cast<int>(std::min<int64_t>(for_the_grid, std::max(1, depth / kMinSplitDepth)));
   const int split_depth = round_up(ceil_div(depth, std::max(wanted, 1)), kChunk);
   return {ceil_div(depth, split_depth), split_depth};
 }

@@ -26,7 +26,7 @@ struct LinearRowsPlan {
 };
 
 struct LinearRowsArgs {
-  const void* x;               // [M, G, K]: rows at row_stride, groups at group_stride (0 with group_ends), K contiguous
+  const void* x;               // [M, G, K]: rows at row_stride, groups at group_stride (0 with group_ends)
   const void* weight;          // [G, N, K] contiguous (bfloat16: K a multiple of 8, zero-padded by the packing)
   const int32_t* group_ends;   // [G] on the device, or null (then every group takes every row)
   void* out;                   // [M, out_groups, N], x's dtype

@@ -91,7 +91,8 @@ __device__ __forceinline__ void mma_m64n8k16_ss(float (&d)[4], uint64_t desc_a, 
 __device__ __forceinline__ void mma_m64n16k16_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "%8, %9, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
@@ -188,7 +189,9 @@ __device__ __forceinline__ void mma_m64k16_ss(float (&d)[N / 2], uint64_t desc_a
 
 // Waits until at most `pending` committed wgmma groups of this warpgroup are still running.
 template <int pending>
-__device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(pending) : "memory"); }
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(pending) : "memory");
+}
 
 // The 128 fp32 accumulators of an m64n256 product: the register list in the instruction and the asm operands.
 #define DDTREE_WG_ACC128 \
