@@ -67,6 +67,8 @@ def add_decode_args(p: argparse.ArgumentParser, budget: bool = True, max_new_def
         elif opt.name == "block_size":
             _add_option(p, opt, None, default_text=f"the drafter's own: a DFlash checkpoint's block_size, the one it "
                                                    f"was trained at; else {opt.default}")
+        elif opt.name == "batch_invariant":
+            _add_option(p, opt, None, default_text="on with --device cpu, off with cuda")
         else:
             _add_option(p, opt, opt.default, default_text=str(opt.default))
 
@@ -78,7 +80,9 @@ def _add_option(p: argparse.ArgumentParser, opt: Option, default: object, prefix
     text = f"{prefix}{s.help}" + (f"; {opt.expected}" if opt.kind in (int, float) else "")
     help_text = (text + (f" (default: {default_text})" if default_text is not None else "")).replace("%", "%%")
     flags = (s.flag, *s.aliases)
-    if opt.kind is bool:
+    if opt.kind is bool and default is None:  # not given: the field's own rule; --no-FLAG turns it off
+        p.add_argument(*flags, dest=s.dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    elif opt.kind is bool:
         p.add_argument(*flags, dest=s.dest, action="store_true", default=default, help=help_text)
     elif opt.name == "budget":
         p.add_argument(*flags, dest=s.dest, type=budget_arg, default=default, metavar=s.metavar, help=help_text)
@@ -171,7 +175,7 @@ def decode_config(args: argparse.Namespace, ckpt: Checkpoint, prompt: list[int],
             values["auto_budget"], value = True, value.maximum
         elif opt.name == "auto_budget" and values.get("auto_budget"):
             continue
-        values[opt.name] = _checked(opt, value)
+        values[opt.name] = value if value is None and opt.default is None else _checked(opt, value)
     if values["device"] == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda: torch sees no CUDA GPU here; use --device cpu")
     return DecodeConfig(**values)

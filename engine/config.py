@@ -21,6 +21,15 @@ MAX_NEW_TOKENS = 1 << 20  # a bound before anything is sized from it; the contex
 MAX_TEMPERATURE = 100.0
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 2, 32
 DEVICES = ("cpu", "cuda")
+# Where the batch-invariant mode is the default: where it costs under 10% of the fast mode's step
+# (benchmarks/RESULTS.md, bench_exact). On the CPU it is the faster of the two; on CUDA it costs 6-9% on the shipped
+# pair but 46-49% at Kimi-K2 widths, so it stays a choice there.
+BATCH_INVARIANT_BY_DEVICE = {"cpu": True, "cuda": False}
+
+
+def batch_invariant_default(device: str) -> bool:
+    """Whether a decode on `device` runs the batch-invariant mode when the setting is not given."""
+    return BATCH_INVARIANT_BY_DEVICE[device]
 DTYPES = ("float32", "bfloat16")
 SCORING_FUNCS = ("sigmoid", "softmax")
 DECODE, SAMPLING = "Decode", "Sampling"  # the sidebar's sections
@@ -284,14 +293,17 @@ class DecodeConfig:
         "the sampling seed: the target's noise is keyed by (seed, position), so AR and DDTree draw alike",
         "Sampling seed", "--seed", lo=0, hi=2**63 - 1, step=1, key="sample_seed", section=SAMPLING,
         sampling_only=True))
-    batch_invariant: bool = option(False, Setting(
-        "compute every verify row as AR computes it (row-invariant matmuls on the CPU, fixed row blocks on CUDA; "
-        "position-ordered attention): DDTree == AR bit for bit in every dtype, with no numerics near ties, at a cost "
-        "(benchmarks/RESULTS.md)",
+    batch_invariant: bool | None = option(None, Setting(
+        "compute every verify row as AR computes it (kernels.ops.linear_rows for every matmul, position-ordered "
+        "attention): DDTree == AR bit for bit in every dtype, with no numerics near ties; not given: the device's "
+        "default, on where it costs under 10% (the CPU, where it is the faster mode), off on CUDA (6-9% on the shipped "
+        "pair, 46-49% at Kimi-K2 widths: benchmarks/RESULTS.md)",
         "Batch-invariant", "--batch-invariant", "toggle", section=SAMPLING))
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.batch_invariant is None:
+            object.__setattr__(self, "batch_invariant", batch_invariant_default(self.device))
         if self.auto_budget and self.budget < 1:
             raise ConfigError("auto_budget=True needs a budget of at least 1 (the largest tree it may choose)")
 

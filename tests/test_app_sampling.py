@@ -8,8 +8,9 @@ import random
 
 import pytest
 from test_app import measure, metric, press, run, shown_tokens, start
+from test_app_query import open_link
 
-from engine.config import DecodeConfig
+from engine.config import DecodeConfig, batch_invariant_default
 from engine.decoding.session import decode
 from profiling.divergence import verdict
 from profiling.measurement import Measurement
@@ -55,10 +56,22 @@ def test_greedy_hides_the_probabilities_and_the_toggle_reaches_the_config():
     press(at, "Step")
     assert not any(m.label == "Expected accepted (target)" for m in at.metric), "greedy: p is 0 or 1"
     assert at.sidebar.number_input(key="top_k").disabled, "top-k only matters when sampling"
-    at.sidebar.toggle(key="batch_invariant").set_value(True)
+    toggle = at.sidebar.toggle(key="batch_invariant")
+    assert toggle.value is batch_invariant_default("cpu") is True, "on the CPU the mode opens on"
+    toggle.set_value(False)
     run(at)
-    assert at.session_state["live"].settings.config.batch_invariant is True
-    assert "Batch-invariant off -> on" in at.info[0].value
+    assert at.session_state["live"].settings.config.batch_invariant is False
+    assert "Batch-invariant on -> off" in at.info[0].value
+    run(at)
+    assert at.sidebar.toggle(key="batch_invariant").value is False, "set by hand, it stays while the device does"
+
+
+def test_a_link_gives_the_batch_invariant_toggle():
+    at = open_link({"batch_invariant": "false"})
+    assert at.sidebar.toggle(key="batch_invariant").value is False, "the link's, not the CPU's default"
+    press(at, "Step")
+    assert at.session_state["live"].settings.config.batch_invariant is False
+    assert open_link({"batch_invariant": "true"}).sidebar.toggle(key="batch_invariant").value is True
 
 
 def differ_warnings(at) -> list[str]:

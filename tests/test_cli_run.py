@@ -255,6 +255,9 @@ def test_the_decode_flags_are_the_configs_fields_with_their_defaults(tiny_checkp
     aliased = decode_parser().parse_args(["--model", str(TINY), "--max-new-tokens", "5", "--batch-invariant"])
     cfg = decode_config(aliased, tiny_checkpoint, [1, 2])
     assert (cfg.max_new_tokens, cfg.batch_invariant) == (5, True)
+    assert cfg.batch_invariant and decode_config(args, tiny_checkpoint, [1, 2]).batch_invariant, "the CPU's default"
+    off = decode_parser().parse_args(["--model", str(TINY), "--no-batch-invariant"])
+    assert decode_config(off, tiny_checkpoint, [1, 2]).batch_invariant is False
     assert decode_config(decode_parser().parse_args([]), tiny_checkpoint, [1, 2]).max_new_tokens == 24
 
 

@@ -11,7 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import DECODE, MAX_TOTAL_EXPERTS, SAMPLING, ConfigError, DecodeConfig, ModelConfig
+from engine.config import (
+    DECODE,
+    DEVICES,
+    MAX_TOTAL_EXPERTS,
+    SAMPLING,
+    ConfigError,
+    DecodeConfig,
+    ModelConfig,
+    batch_invariant_default,
+)
 from engine.loaders.hf_config import ARCHITECTURE, config_from_hf, fp8_block_size
 from engine.loaders.hf_import import HFLoadError
 from engine.model import reference, rope
@@ -217,7 +226,7 @@ def test_every_decode_field_carries_its_setting():
     for o in options:
         s = o.setting
         assert s.help and s.label and s.section in (DECODE, SAMPLING), o.name
-        assert o.kind in (int, float, bool, str) and o.check(o.default) == o.default, o.name
+        assert o.kind in (int, float, bool, str) and (o.default is None or o.check(o.default) == o.default), o.name
         if o.kind in (int, float):
             assert s.widget in ("number", "slider") and s.lo is not None and s.step, o.name
         assert (s.widget == "select") == bool(s.choices) and (s.widget == "toggle") == (o.kind is bool), o.name
@@ -256,3 +265,15 @@ def test_decode_numbers_are_stored_as_plain_ints_and_floats():
         DecodeConfig(batch_invariant=1)
     with pytest.raises(ConfigError, match="device='tpu' is out of range: expected one of cpu, cuda"):
         DecodeConfig(device="tpu")
+
+
+def test_batch_invariant_defaults_to_the_devices_choice():
+    """Not given, the batch-invariant mode is on where it costs under 10% (the CPU) and off on CUDA; given, it stays
+    as given; a record holds the resolved value."""
+    assert DecodeConfig().batch_invariant is True and DecodeConfig().to_dict()["batch_invariant"] is True
+    assert DecodeConfig(device="cuda").batch_invariant is False
+    assert DecodeConfig(batch_invariant=False).batch_invariant is False
+    assert DecodeConfig(device="cuda", batch_invariant=True).batch_invariant is True
+    assert {d: batch_invariant_default(d) for d in DEVICES} == {"cpu": True, "cuda": False}
+    with pytest.raises(ConfigError, match="batch_invariant='yes' is out of range: expected true or false"):
+        DecodeConfig(batch_invariant="yes")

@@ -20,7 +20,7 @@ from engine.loaders.shipped import bundled_models
 from engine.records import TREES
 from engine.settings import Option
 from ui import prompt, resources
-from ui.settings import LABELS, checkpoint, given_block_size, offered, setting_options
+from ui.settings import LABELS, checkpoint, given_batch_invariant, given_block_size, offered, setting_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +112,8 @@ def restore() -> None:
         ss.drafter_for = ss.model
     if "block_size" in adopted:
         given_block_size()
+    if "batch_invariant" in adopted:
+        given_batch_invariant()
     if problems or refused:
         ss.query_problems = (problems, refused)
 

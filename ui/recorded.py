@@ -78,7 +78,8 @@ def settings_of(recording: Recording) -> Settings:
     tree = next(name for name, value in TREES.items() if value == modes)
     return Settings(model=f"{recording.name} (recorded)", model_id=f"recording:{recording.digest}",
                     prompt=tuple(run.prompt), drafter=spec, tree=tree,
-                    config=DecodeConfig(**run.decode))  # fields added later take their defaults
+                    # fields added later take their defaults; one made before the batch-invariant setting was fast
+                    config=DecodeConfig(**{"batch_invariant": False, **run.decode}))
 
 
 def _open(read: Callable[[Progress], Recording], name: str) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import streamlit as st
 import torch
 
-from engine.config import DECODE, DEVICES, SAMPLING, DecodeConfig
+from engine.config import DECODE, DEVICES, SAMPLING, DecodeConfig, batch_invariant_default
 from engine.drafters import REGISTRY, DrafterSpec
 from engine.drafters.dflash import DFlashSettings
 from engine.loaders.checkpoint import Checkpoint
@@ -227,9 +227,26 @@ def _decode(ckpt: Checkpoint, prompt_len: int, locked: bool) -> tuple[dict, bool
     return values, fits
 
 
+def _follow_device() -> None:
+    """Before the batch-invariant toggle is drawn (after the device select): when the device differs from the one
+    the toggle was set for, it takes that device's default (engine.config.batch_invariant_default, as the CLI's flag
+    left out); one set by hand, or by a link, for the same device stays."""
+    ss = st.session_state
+    if ss.get("batch_invariant_for") != ss.device:
+        if not ss.pop("batch_invariant_given", False):
+            ss.batch_invariant = batch_invariant_default(ss.device)
+        ss.batch_invariant_for = ss.device
+
+
+def given_batch_invariant() -> None:
+    """The batch-invariant toggle was given before the first sidebar (a link): the device drawn next keeps it."""
+    st.session_state.batch_invariant_given = True
+
+
 def _sampling(ckpt: Checkpoint, locked: bool) -> dict:
     """The Sampling section's fields; those that only matter when sampling are disabled at temperature 0."""
     st.header("Sampling")
+    _follow_device()
     values = {}
     for opt in (o for o in options_of(DecodeConfig) if o.setting.section == SAMPLING):
         greedy = values.get("temperature", st.session_state.temperature) == 0
@@ -280,6 +297,8 @@ def init_widgets() -> None:
     ss.setdefault("prompt_text", "")
     for opt in setting_options():
         ss.setdefault(opt.key, "" if opt.default is None else opt.default)
+    ss.batch_invariant = ss.batch_invariant if isinstance(ss.batch_invariant, bool) else \
+        batch_invariant_default(ss.device)  # not given: the device's (a toggle holds a bool)
     ss.setdefault("profile_repeats", PROFILE_REPEATS)
 
 
