@@ -118,7 +118,7 @@ def fake_runs(seed: int, budget: int = 12, block_size: int = 5, max_new: int = 1
     if mode == "chain":
         budget = block_size - 1
     rng = np.random.default_rng(seed)
-    cfg = DecodeConfig(budget=budget, block_size=block_size, max_new_tokens=max_new)
+    cfg = DecodeConfig(budget=budget, block_size=block_size, max_new_tokens=max_new, batch_invariant=False)  # fast mode
     depth = block_size - 1
     prompt = rng.integers(vocab, size=int(rng.integers(1, 6))).tolist()
     ar_truth = rng.integers(vocab, size=max_new + block_size + 1).tolist()
