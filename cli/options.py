@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from engine.config import AUTO_BUDGET_MAX, ConfigError, DecodeConfig
+from engine.config import AUTO_BUDGET_MAX, BATCH_INVARIANT_BY_DEVICE, ConfigError, DecodeConfig
 from engine.decoding.decoder import validate_prompt
 from engine.decoding.session import parse_prompt
 from engine.drafters import REGISTRY, DrafterSpec
@@ -68,7 +68,8 @@ def add_decode_args(p: argparse.ArgumentParser, budget: bool = True, max_new_def
             _add_option(p, opt, None, default_text=f"the drafter's own: a DFlash checkpoint's block_size, the one it "
                                                    f"was trained at; else {opt.default}")
         elif opt.name == "batch_invariant":
-            _add_option(p, opt, None, default_text="on with --device cpu, off with cuda")
+            _add_option(p, opt, None, default_text=", ".join(
+                f"{'on' if on else 'off'} with --device {device}" for device, on in BATCH_INVARIANT_BY_DEVICE.items()))
         else:
             _add_option(p, opt, opt.default, default_text=str(opt.default))
 

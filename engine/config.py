@@ -21,19 +21,19 @@ MAX_NEW_TOKENS = 1 << 20  # a bound before anything is sized from it; the contex
 MAX_TEMPERATURE = 100.0
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 2, 32
 DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16")
+SCORING_FUNCS = ("sigmoid", "softmax")
+DECODE, SAMPLING = "Decode", "Sampling"  # the sidebar's sections
 # Where the batch-invariant mode is the default: where it costs under 10% of the fast mode's step
 # (benchmarks/RESULTS.md, bench_exact). On the CPU it is the faster of the two; on CUDA it costs 6-9% on the shipped
 # pair but 46-49% at Kimi-K2 widths, so it stays a choice there.
 BATCH_INVARIANT_BY_DEVICE = {"cpu": True, "cuda": False}
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: fixed in DeepSeek-V3 and transformers, not rms_norm_eps
 
 
 def batch_invariant_default(device: str) -> bool:
     """Whether a decode on `device` runs the batch-invariant mode when the setting is not given."""
     return BATCH_INVARIANT_BY_DEVICE[device]
-DTYPES = ("float32", "bfloat16")
-SCORING_FUNCS = ("sigmoid", "softmax")
-DECODE, SAMPLING = "Decode", "Sampling"  # the sidebar's sections
-LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: fixed in DeepSeek-V3 and transformers, not rms_norm_eps
 
 
 def buckets_up_to(maximum: int) -> tuple[int, ...]:
