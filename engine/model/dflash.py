@@ -90,15 +90,17 @@ class DFlashModel:
 
     def block_logprobs(self, root: torch.Tensor) -> torch.Tensor:
         """float32 log-probabilities [L, V] of the L tokens after root (0-dim int64), against the valid context
-        rows. The block's own keys and values are not stored."""
+        rows. The block's own keys and values go to the cache rows at its positions, past the valid ones (the
+        capacity holds them: engine/drafters/dflash.py context_capacity), where the next commit's context rewrites
+        them; the valid length does not move."""
         cfg, w = self.cfg, self.w
         num_rows = self.num_draft_positions + 1
         x = self.embed[torch.cat([root.view(1), self.mask_tokens])][None]  # [1, L + 1, d]
         positions = self.length + self.block
         cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, L + 1, D/2]
-        visible = torch.cat([self.rows < self.length, torch.ones(num_rows, dtype=torch.bool, device=x.device)])
+        visible = self.rows < self.length + num_rows  # the valid context, then the block's own rows
         mask = visible.expand(1, num_rows, visible.shape[0])  # every block row sees the same rows
         for i, layer in enumerate(w.layers):
-            x = draft_layer(cfg, layer, x, cos, sin, self.keys[i][None], self.values[i][None], mask)
+            x = draft_layer(cfg, layer, x, cos, sin, self.keys[i][None], self.values[i][None], mask, positions)
         out = rms_norm(x[0, 1:], w.norm, cfg.rms_norm_eps)
         return F.linear(out, self.lm_head).float().log_softmax(-1)

@@ -4,7 +4,7 @@ both run, so the two cannot drift apart.
 
 Shapes: a batch of B sequences; the block rows x [B, N, d] at their positions (cos, sin [B, N, D/2]); the
 context's keys and values [B, S, Hkv, D] (k_norm and RoPE applied); mask [B, N, S + N]: which context rows and
-which block rows each block row sees.
+which block rows each block row sees (or [B, N, S] with the block's rows written into the context's: draft_layer).
 
 A layer's tensors come as fused_layer makes them: q, k and v stacked into one projection, gate and up into another
 (the engine once at load, the trainer on every forward through autograd), so each is one matmul.
@@ -77,17 +77,23 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
 
 def draft_layer(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, ctx_keys: torch.Tensor, ctx_values: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor, block_rows: torch.Tensor | None = None) -> torch.Tensor:
     """One layer over the block rows: RMSNorm; queries from the block (q_norm, RoPE), keys and values from the
-    context joined with the block's own; attention as the mask allows; o_proj; RMSNorm; SwiGLU; residuals."""
+    context joined with the block's own; attention as the mask allows; o_proj; RMSNorm; SwiGLU; residuals.
+    block_rows: None, the block's keys and values follow the context's (mask [B, N, S + N]); or the context rows
+    [N] they are written into (rows past the valid context, which a commit rewrites; mask [B, N, S]), so that a
+    decode's step copies no context rows (the engine's drafter)."""
     b, n = x.shape[:2]
     h = rms_norm(x, layer["input_layernorm.weight"], cfg.rms_norm_eps)
     q, kv = F.linear(h, layer[QKV]).split([_kv_rows(cfg), 2 * cfg.num_key_value_heads * cfg.head_dim], dim=-1)
     q = q.reshape(b, n, cfg.num_attention_heads, cfg.head_dim)
     q = _rope(rms_norm(q, layer["self_attn.q_norm.weight"], cfg.rms_norm_eps), cos, sin)
     k_block, v_block = _keys_values_of(cfg, layer, kv, cos, sin)
-    attn = grouped_attention(q, torch.cat([ctx_keys, k_block], 1), torch.cat([ctx_values, v_block], 1), mask,
-                             cfg.head_dim ** -0.5)
+    if block_rows is None:
+        keys, values = torch.cat([ctx_keys, k_block], 1), torch.cat([ctx_values, v_block], 1)
+    else:
+        keys, values = ctx_keys.index_copy_(1, block_rows, k_block), ctx_values.index_copy_(1, block_rows, v_block)
+    attn = grouped_attention(q, keys, values, mask, cfg.head_dim ** -0.5)
     x = x + F.linear(attn, layer["self_attn.o_proj.weight"])
     h = rms_norm(x, layer["post_attention_layernorm.weight"], cfg.rms_norm_eps)
     return x + swiglu(h, layer[GATE_UP], layer["mlp.down_proj.weight"])

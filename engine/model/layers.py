@@ -7,6 +7,11 @@ import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dim, in float32, rounded to x's dtype once. On CUDA torch's
+    fused kernel (one launch where the float32 ops below take eight, which in a decode step are launch-bound: 17
+    norms a Kimi-K2 4-layer step); it rounds within a bfloat16 ulp of them."""
+    if x.is_cuda:
+        return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
@@ -28,12 +33,28 @@ def fused_rows(*weights: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
     """x [..., P] with cos/sin [N, P/2] broadcast over the middle dims; NeoX rotate-half layout.
     interleave=True first permutes (x0, x1, x2, ...) to evens-then-odds, as transformers does."""
+    if x.is_cuda:
+        return _rope_complex(x, cos, sin, interleave)
     if interleave:
         x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
     x1, x2 = x.float().chunk(2, dim=-1)
     shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
     c, s = cos.view(shape), sin.view(shape)
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def _rope_complex(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """apply_rope on CUDA: each rotated pair one complex number times e^(i theta) in float32 (rotate-half pairs dim j
+    with j + P/2; the interleaved layout j with j + 1, whose result then lands in evens-then-odds order). Four kernels
+    where the real arithmetic takes ten, and a decode step runs two a layer, launch-bound. Not on the CPU: there a
+    complex multiply's vector and scalar paths round differently, so a row's bits would depend on the call's size
+    (the batch-invariant mode needs them not to)."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    pairs = xf.unflatten(-1, (half, 2)) if interleave else xf.unflatten(-1, (2, half)).transpose(-1, -2).contiguous()
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    turned = torch.view_as_real(torch.view_as_complex(pairs) * torch.complex(cos, sin).view(shape))  # [..., P/2, 2]
+    return turned.transpose(-1, -2).to(x.dtype, memory_format=torch.contiguous_format).flatten(-2)
 
 
 def rowwise(fn, row_block: int | None, *rows: torch.Tensor):
