@@ -44,7 +44,6 @@ from benchmarks.common import (
     Ceilings,
     Column,
     guarded,
-    has_wgmma,
     markdown_table,
     num_failed,
     num_input_sets,
@@ -158,7 +157,7 @@ def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, b
     base = measure(torch_attention, sets, device, budget)
     exact = measure(exact_attention, sets, device, budget)
     mma = None
-    if has_wgmma(device, dtype):  # the previous tensor-core kernel (mma.sync), for the record
+    if ops.wgmma_runs(device, dtype):  # the previous tensor-core kernel (mma.sync), for the record
         with op_setting("DDTREE_VERIFY_ATTN_KERNEL", "mma"):
             mma = measure(ours_attention, sets, device, budget)
     floor_us = ceil.floor_us(num_bytes, flops)

@@ -18,8 +18,9 @@ must read (profiling/stage_floor.py: the verify every weight once, the embedding
 touched x one expert's bytes, N + prefix_len latent cache rows per layer; the drafter its weights, the target's
 lm_head and its context rows) at the measured copy bandwidth, and a step's floor is its stages' sum. Uniform routing
 would touch E (1 - (1 - k/E)^(B+1)) experts: the "uniform" column. The "moe layer" table times one MoE layer's
-routed experts alone at N tokens, sparse (grouped GEMM) against the dense all-experts reference, each against the
-floor of the weights it reads.
+routed experts alone at N tokens (CUDA-graph replays on a GPU): sparse through the engine's grouped matmul
+(engine/model/moe.py grouped_matmul: ours on an H100/H200) and through torch._grouped_mm, and the dense all-experts
+reference, each against the floor of the weights it reads.
 
     python -m benchmarks.bench_moe [--device cuda|cpu] [--quick] [--out DIR] [--layers N]
     torchrun --nproc-per-node W -m benchmarks.bench_moe ...    # the model split over W ranks (engine/model/parallel.py)
@@ -57,6 +58,7 @@ from benchmarks.common import (
     start_run,
     text_table,
     time_calls,
+    time_replays,
     write_results,
 )
 from benchmarks.decode_steps import Plan, choice_cost_us, measure_decoder
@@ -65,7 +67,7 @@ from engine.config import DecodeConfig, ModelConfig, buckets_up_to
 from engine.decoding.auto_budget import MAX_BACKOFF, AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, Decoder
 from engine.drafters.oracle import OracleDrafter
-from engine.model.moe import dense_moe, route, sparse_moe
+from engine.model.moe import dense_moe, grouped_matmul, route, sparse_moe
 from engine.model.parallel import init_from_env, is_collective
 from engine.model.read_bytes import TargetBytes
 from engine.model.target import TargetModel
@@ -243,25 +245,35 @@ def add_floors(rows: list[dict], copy_tbps: float) -> None:
 
 
 def layer_rows(model: TargetModel, device: torch.device, copy_tbps: float, quick: bool) -> list[dict]:
-    """One MoE layer's routed experts at N tokens (routed by its own router): sparse vs dense, against the bytes
-    each reads (sparse: the touched experts; dense: all of them)."""
+    """One MoE layer's routed experts at N tokens (routed by its own router): sparse through the engine's grouped
+    matmul here and through torch._grouped_mm, and the dense reference, against the bytes each reads (sparse: the
+    touched experts; dense: all of them). CUDA-graph replays on a GPU, as the steps run."""
     cfg = model.cfg
     layer = next(la for la in model.layers if la["moe"])
     expert = expert_bytes(cfg, model.dtype.itemsize)
     gen = torch.Generator(device=device).manual_seed(1)
     budget = QUICK if quick else FULL
+    matmul = grouped_matmul(device, model.dtype)
+
+    def timed(fn, routed) -> float:
+        timing = time_replays(fn, [routed], budget) if device.type == "cuda" else None
+        return (timing or time_calls(fn, [routed], device, budget)).median_us
+
     rows = []
     for n in LAYER_TOKENS:
         x = torch.randn(n, cfg.hidden_size, generator=gen, device=device, dtype=model.dtype)
         routed = (x, *route(cfg, x.float() @ layer["router"].T, layer["router_bias"]))  # x, idx, weights
         touched = len(torch.unique(routed[1]))
-        sparse = time_calls(lambda r: sparse_moe(*r, layer["experts"]), [routed], device, budget)
-        dense = time_calls(lambda r: dense_moe(*r, layer["experts"]), [routed], device, budget)
-        rows.append({"tokens": n, "touched": touched, "sparse_us": sparse.median_us, "dense_us": dense.median_us,
-                     "sparse_floor_us": touched * expert / copy_tbps / 1e6,
-                     "dense_floor_us": cfg.n_routed_experts * expert / copy_tbps / 1e6,
-                     "dense_over_sparse": dense.median_us / sparse.median_us})
-        rows[-1]["sparse_over_floor"] = rows[-1]["sparse_us"] / rows[-1]["sparse_floor_us"]
+        row = {"tokens": n, "touched": touched, "matmul": matmul,
+               "sparse_us": timed(lambda r: sparse_moe(*r, layer["experts"], matmul=matmul), routed),
+               "grouped_mm_us": timed(lambda r: sparse_moe(*r, layer["experts"], matmul="grouped_mm"), routed),
+               "dense_us": timed(lambda r: dense_moe(*r, layer["experts"]), routed),
+               "sparse_floor_us": touched * expert / copy_tbps / 1e6,
+               "dense_floor_us": cfg.n_routed_experts * expert / copy_tbps / 1e6}
+        row["sparse_over_floor"] = row["sparse_us"] / row["sparse_floor_us"]
+        row["grouped_mm_over_floor"] = row["grouped_mm_us"] / row["sparse_floor_us"]
+        row["dense_over_sparse"] = row["dense_us"] / row["sparse_us"]
+        rows.append(row)
     return rows
 
 
@@ -292,9 +304,10 @@ AUTO_COLUMNS = [
     Column("choice_us", "choice us (device)", "{:.1f}"),
 ]
 LAYER_COLUMNS = [
-    Column("tokens", "tokens", "{}"), Column("touched", "experts touched", "{}"),
+    Column("tokens", "tokens", "{}"), Column("touched", "experts touched", "{}"), Column("matmul", "engine's matmul"),
     Column("sparse_us", "sparse us", "{:.1f}"), Column("sparse_floor_us", "sparse floor us", "{:.1f}"),
-    Column("sparse_over_floor", "sparse/floor", "{:.2f}"), Column("dense_us", "dense us", "{:.1f}"),
+    Column("sparse_over_floor", "sparse/floor", "{:.2f}"), Column("grouped_mm_us", "torch._grouped_mm us", "{:.1f}"),
+    Column("grouped_mm_over_floor", "torch._grouped_mm/floor", "{:.2f}"), Column("dense_us", "dense us", "{:.1f}"),
     Column("dense_floor_us", "dense floor us", "{:.1f}"), Column("dense_over_sparse", "dense/sparse", "{:.2f}"),
 ]
 

@@ -252,11 +252,6 @@ def op_setting(var: str, value: str) -> contextlib.AbstractContextManager:
     return unittest.mock.patch.dict(os.environ, {var: value})
 
 
-def has_wgmma(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the ops' automatic kernel choice here is a wgmma kernel (an H100/H200, bfloat16)."""
-    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) == (9, 0)
-
-
 def resolve_device(name: str | None) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Budget, Ceilings, Column, guarded, has_wgmma, num_input_sets, op_setting, ratio
+from benchmarks.common import Budget, Ceilings, Column, guarded, num_input_sets, op_setting, ratio
 from kernels import ops
 
 ERR_COLUMNS = 4096
@@ -106,7 +106,7 @@ def linear_case(shape: LinearShape, num_rows: int, device: torch.device, dtype: 
         err = float((ours(one)[..., :ERR_COLUMNS].double() - want).norm() / want.norm())
     mine, base = measure(ours, sets, device, budget), measure(torch_linear, sets, device, budget)
     mma = None
-    if has_wgmma(device, dtype):  # the mma.sync kernel, which other GPUs run, for the record
+    if ops.wgmma_runs(device, dtype):  # the mma.sync kernel, which other GPUs run, for the record
         with op_setting("DDTREE_LINEAR_ROWS_KERNEL", "mma"):
             mma = measure(ours, sets, device, budget)
     floor_us = ceil.floor_us(num_bytes, flops)

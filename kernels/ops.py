@@ -65,9 +65,28 @@ linear_rows(x [M, G, K], packed, out_features N, group_ends=None) -> out [M, G, 
   one float32 chain over k = 0 .. K - 1 in order from 0 (each multiply-add fused or not as the compiler builds it,
   alike for every row count). CUDA: bfloat16 or float32; packed [G, N, K'] in x's dtype (bfloat16: K' = K rounded up
   to 8, zero-padded); bfloat16 runs tensor-core MMAs (wgmma on sm_90a, each row a column of the instruction;
-  mma.sync tiles of 16 rows elsewhere), fp32 sums over K cut at positions fixed by W's shape and the GPU
-  (csrc/cuda/linear_rows.cuh), added in order and rounded once; float32 a warp's 32 strided chains folded by a fixed
-  butterfly. A row's bits may differ between the devices, never between calls on one.
+  mma.sync tiles of 16 rows elsewhere), fp32 sums over K cut at positions fixed by W's shape and the GPU (never
+  with group_ends; csrc/cuda/linear_rows.cuh), added in order and rounded once; float32 a warp's 32 strided chains
+  folded by a fixed butterfly. A row's bits may differ between the devices, never between calls on one.
+
+rms_norm_rows(x [M, D], weight [D], eps) -> y [M, D] (x's dtype).
+  y = x * rsqrt(mean(x^2) + eps) * weight in float32, rounded once; x float32 or bfloat16 with contiguous rows,
+  weight x's dtype or float32. Every row's sum of squares is reduced in an order fixed by D alone (the CPU: one
+  chain in column order; CUDA: a block per row, 256 strided chains folded by a fixed tree), so a row's bits are the
+  same whatever M: the batch-invariant mode's norm, one launch.
+expert_rows(x [N, H], idx [N, k] i64, num_experts E in 1..8191) -> rows [N k, H] (x's dtype), slots [N, k] i64,
+            group_ends [E] i32.
+  The routed rows grouped by expert: assignment (n, r) (expert idx[n, r]) gets row slots[n, r] of rows, a copy of
+  x[n]; rows are in expert order, one expert's in token order (n, then r), and an id of E (no expert here: another
+  rank's) after every expert's. group_ends[e] = the assignments with an id <= e (linear_rows' and
+  torch._grouped_mm's group ends). x float32 or bfloat16 with contiguous rows. On the CPU an id outside [0, E]
+  raises; on CUDA it counts as E. CUDA: a one-block counting sort (stable: one warp places the assignments in order),
+  then a copy of the rows: two launches.
+expert_combine(out [M, H], slots [N, k] i64, weights [N, k] f32, group_ends [E] i32) -> y [N, H] (out's dtype).
+  y[n] = sum over r of weights[n, r] * out[slots[n, r]], in float32 with r in order, rounded once; an r whose slot is
+  at or past group_ends[E - 1] (an assignment to no expert here, whose row was never computed) adds nothing. A
+  token's result depends on its own rows alone (the batch-invariant mode takes it as it is). On the CPU a negative
+  slot or a group_ends[E - 1] outside [0, M] raises; CUDA skips slots outside [0, min(M, group_ends[E - 1])).
 
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
 depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0) raise on the CPU. The CUDA ops cannot
@@ -160,6 +179,12 @@ LINEAR_ROWS_PANEL = 16  # output columns per packed panel on the CPU (csrc/cpu/l
 LINEAR_ROWS_ALIGN = 8  # bfloat16 elements per 16-byte piece: K's padding on CUDA (csrc/cuda/linear_rows.cu)
 
 
+def wgmma_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the ops' automatic bfloat16 kernels here are the wgmma ones (verify_attn, linear_rows): bfloat16 on a
+    compute capability 9.0 GPU (an H100/H200; the loader builds 9.0 as sm_90a)."""
+    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def pack_linear_rows(weight: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """[N, K] or [G, N, K] weights packed for linear_rows on their device, once per weight (engine/model/batch_rows.py
     packs each on its first use), G = 1 for one weight. The CPU: float32 [G, ceil(N / 16), K, 16], panel p of group g
@@ -184,6 +209,21 @@ def linear_rows(x: Tensor, packed: Tensor, out_features: int, group_ends: Tensor
     if x.dim() == 2:
         return _ops().linear_rows(x[:, None], packed, out_features, group_ends)[:, 0]
     return _ops().linear_rows(x, packed, out_features, group_ends)
+
+
+def rms_norm_rows(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm of x [..., D] with every row reduced in an order fixed by D alone (batch-invariant)."""
+    return _ops().rms_norm_rows(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+
+
+def expert_rows(x: Tensor, idx: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """x's rows grouped by expert for the grouped matmuls: rows [N k, H], slots [N, k] and group_ends [E] int32."""
+    return _ops().expert_rows(x, idx, num_experts)
+
+
+def expert_combine(out: Tensor, slots: Tensor, weights: Tensor, group_ends: Tensor) -> Tensor:
+    """Each token's k expert outputs (rows of out at its slots) weighted and summed in float32 in rank order: [N, H]."""
+    return _ops().expert_combine(out, slots, weights, group_ends)
 
 
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
@@ -223,12 +263,27 @@ def _linear_rows_fake(x, packed, out_features, group_ends=None):
     return x.new_empty((x.shape[0], x.shape[1], out_features))
 
 
+def _rms_norm_rows_fake(x, weight, eps):
+    return torch.empty_like(x)
+
+
+def _expert_rows_fake(x, idx, num_experts):
+    return (x.new_empty((idx.numel(), x.shape[1])), torch.empty_like(idx),
+            idx.new_empty((num_experts,), dtype=torch.int32))
+
+
+def _expert_combine_fake(out, slots, weights, group_ends):
+    return out.new_empty((slots.shape[0], out.shape[1]))
+
+
 @functools.cache
 def _register_fakes() -> None:
     for name, fake in (("tree_build", _tree_build_fake), ("verify_attn", _verify_attn_fake),
                        ("tree_accept", _tree_accept_fake), ("kv_compact", _kv_compact_fake),
                        ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake),
-                       ("linear_rows", _linear_rows_fake)):
+                       ("linear_rows", _linear_rows_fake), ("rms_norm_rows", _rms_norm_rows_fake),
+                       ("expert_rows", _expert_rows_fake),
+                       ("expert_combine", _expert_combine_fake)):
         torch.library.register_fake(f"ddtree::{name}", fake)
 
 

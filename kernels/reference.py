@@ -164,3 +164,29 @@ def linear_rows(x: Tensor, packed: Tensor, out_features: int, group_ends: Tensor
     rows = x[:, 0].double().cpu()
     out[held, 0] = torch.einsum("mk,mnk->mn", rows[held], weight.cpu()[group[held]])
     return out.to(x.device, x.dtype)
+
+
+def rms_norm_rows(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight in float64, in x's dtype."""
+    x64 = x.double()
+    return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.double()).to(x.dtype)
+
+
+def expert_rows(x: Tensor, idx: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The assignments in (expert, token, rank) order by a Python sort; id E (no expert here) last."""
+    num_tokens, top_k = idx.shape
+    assignments = sorted(range(num_tokens * top_k), key=lambda j: (int(idx.view(-1)[j]), j))
+    slots = torch.empty(num_tokens * top_k, dtype=torch.int64)
+    for place, j in enumerate(assignments):
+        slots[j] = place
+    rows = x[torch.tensor([j // top_k for j in assignments], dtype=torch.int64, device=x.device)]
+    ends = torch.tensor([int((idx <= e).sum()) for e in range(num_experts)], dtype=torch.int32)
+    return rows, slots.view(num_tokens, top_k).to(x.device), ends.to(x.device)
+
+
+def expert_combine(out: Tensor, slots: Tensor, weights: Tensor, group_ends: Tensor) -> Tensor:
+    """Each token's weighted sum of its rows in float64, the rows at or past group_ends[-1] left out."""
+    held = (slots < int(group_ends[-1]))[..., None]
+    rows = out.double()[slots.clamp(0, max(out.shape[0] - 1, 0))]  # [N, k, H]
+    return torch.where(held, rows * weights.double()[..., None], 0.0).sum(1).to(out.dtype)
+

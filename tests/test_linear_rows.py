@@ -165,9 +165,9 @@ def test_invariant_routed_experts_match_the_dense_reference_row_by_row(dtype):
     idx = torch.rand(n, num + 1, generator=gen).topk(k, -1).indices  # num: "not here"
     weights = torch.rand(n, k, generator=gen) * (idx < num)
     rows = InvariantRows(torch.device("cpu"))
-    got = rows.routed(True, x, idx, weights, experts, foreign=True)
+    got = rows.routed(True, x, idx, weights, experts)
     assert relative_error(got, dense_moe(x, idx, weights, experts)) < TOLERANCE[dtype], seed
-    alone = torch.cat([rows.routed(True, x[i:i + 1], idx[i:i + 1], weights[i:i + 1], experts, True) for i in range(n)])
+    alone = torch.cat([rows.routed(True, x[i:i + 1], idx[i:i + 1], weights[i:i + 1], experts) for i in range(n)])
     assert torch.equal(got, alone), seed
 
 

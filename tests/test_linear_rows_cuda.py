@@ -80,21 +80,24 @@ def test_every_row_is_its_own_bits_whatever_the_call_holds(dtype, kernel, shape,
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bfloat16", "float32"])
-def test_grouped_rows_match_the_reference_and_keep_their_bits(dtype):
+@pytest.mark.parametrize(("groups", "out_features", "depth"), [(12, 4096, 7168 // 8), (384, 256, 512)],
+                         ids=["12-experts", "384-experts"])  # 12: an expert's gate_up at a narrower K
+def test_grouped_rows_match_the_reference_and_keep_their_bits(dtype, groups, out_features, depth):
     """group_ends: each row through its expert (rows past the last end: zeros), its bits the same whether its group
-    holds one row or many."""
+    holds one row or many. Skewed draws put many rows in a few groups (more than a tile) and none in most, as routing
+    does; at 384 groups the grouped grid walks its tiles group by group (linear_rows.cu grouped_tile)."""
     seed = random.randrange(2**31)
     gen = torch.Generator().manual_seed(seed)
-    groups, out_features, depth = 12, 4096, 7168 // 8  # an expert's gate_up at a narrower K
     packed = ops.pack_linear_rows(_weights(groups, out_features, depth, dtype, gen), dtype)
-    for num_rows in (3, 40, 200):
-        counts = torch.multinomial(torch.ones(groups + 1), num_rows, replacement=True, generator=gen).bincount(
+    for num_rows, skew in ((3, 1), (40, 1), (200, 1), (8, 4), (136, 4), (520, 4), (2056, 4)):
+        odds = torch.rand(groups + 1, generator=gen) ** skew
+        counts = torch.multinomial(odds, num_rows, replacement=True, generator=gen).bincount(
             minlength=groups + 1)
         ends = counts[:groups].cumsum(0).int().cuda()
         x = torch.randn(num_rows, depth, generator=gen).to("cuda", dtype)
         got = ops.linear_rows(x, packed, out_features, ends)
         want = reference.linear_rows(x[:, None], packed, out_features, ends)[:, 0]
-        assert _relative(got, want) < (6e-3 if dtype == torch.bfloat16 else 1e-5), (num_rows, seed)
+        assert _relative(got, want) < (6e-3 if dtype == torch.bfloat16 else 1e-5), (groups, num_rows, seed)
         last = int(ends[-1])
         assert torch.equal(got[last:], torch.zeros_like(got[last:]))
         group = torch.searchsorted(ends.cpu().long(), torch.arange(num_rows), right=True)
@@ -102,7 +105,7 @@ def test_grouped_rows_match_the_reference_and_keep_their_bits(dtype):
             one = torch.zeros(groups, dtype=torch.int32)
             one[int(group[m]):] = 1
             alone = ops.linear_rows(x[m:m + 1], packed, out_features, one.cuda())
-            assert torch.equal(alone[0], got[m]), (num_rows, m, seed)
+            assert torch.equal(alone[0], got[m]), (groups, num_rows, m, seed)
 
 
 def test_opcheck_and_errors():

@@ -31,6 +31,7 @@ from engine.model.moe import (
     Experts,
     default_path,
     dense_moe,
+    grouped_matmul,
     local_routing,
     route,
     sparse_moe,
@@ -88,6 +89,18 @@ def test_sparse_equals_dense_and_a_per_token_loop(dtype):
             assert relative_error(got, want) < TOLERANCE[dtype], (num, k, hidden, inter, n)
 
 
+def test_the_grouped_matmul_choice_and_bad_ones():
+    assert grouped_matmul(torch.device("cpu"), torch.float32) == "grouped_mm"
+    assert grouped_matmul(torch.device("cpu"), torch.bfloat16) == "grouped_mm"
+    ex = random_experts(4, 16, 8, torch.float32, torch.Generator().manual_seed(0))
+    x, idx, w = torch.randn(3, 16), torch.tensor([[0, 1], [2, 3], [1, 2]]), torch.rand(3, 2)
+    assert relative_error(sparse_moe(x, idx, w, ex, matmul="grouped_mm"), per_token_loop(x, idx, w, ex)) < 1e-5
+    with pytest.raises(ValueError, match="matmul='cutlass': expected one of"):
+        sparse_moe(x, idx, w, ex, matmul="cutlass")
+    with pytest.raises(ValueError, match="on CUDA only"):
+        sparse_moe(x, idx, w, ex, matmul="linear_rows")
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_each_ranks_experts_sum_to_the_whole_layer(world):
     """Expert parallelism (engine/model/parallel.py): the ranks' outputs over their own experts (local_routing) add up
@@ -112,7 +125,7 @@ def test_each_ranks_experts_sum_to_the_whole_layer(world):
             if path == "dense":
                 total += dense_moe(x, local_idx, local_w, local)
             else:
-                total += sparse_moe(x, local_idx, local_w, local, exact=path == "exact", foreign=True)
+                total += sparse_moe(x, local_idx, local_w, local, exact=path == "exact")
         assert torch.isfinite(total).all() and relative_error(total, want) < TOLERANCE[torch.float32], path
 
 

@@ -15,7 +15,7 @@ from engine.drafters import DrafterSpec
 from engine.loaders.checkpoint import Checkpoint
 from engine.model.batch_rows import ROW_BLOCK
 from engine.model.fixtures import random_weights
-from engine.model.moe import Experts, dense_moe, sparse_moe
+from engine.model.moe import GROUPED_MATMULS, Experts, dense_moe, grouped_matmul, sparse_moe
 from engine.model.target import TargetModel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
@@ -40,6 +40,37 @@ def test_cuda_grouped_gemm_matches_dense_and_its_exact_layout_is_per_row_exact()
         blocks[b][b], idxs[b][b] = blocks[0][0], idxs[0][0]
     rows = [sparse_moe(blocks[b], idxs[b], w[[0] * ROW_BLOCK], ex, exact=True)[b] for b in range(3)]
     assert all(torch.equal(r, rows[0]) for r in rows)
+
+
+@pytest.mark.parametrize("matmul", GROUPED_MATMULS)
+def test_cuda_grouped_matmuls_match_dense_at_kimi_k2_routing(matmul):
+    """Both grouped matmuls at Kimi-K2's 384 experts top-8 (narrow widths) and the token counts of AR and of B = 16,
+    64, 256, with routing skewed so a few experts take many rows and most none, and another rank's experts skipped."""
+    if matmul == "linear_rows" and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("linear_rows' bfloat16 kernels need sm_80 or later")
+    seed = random.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    num, k, hidden, inter = 384, 8, 256, 128
+    ex = random_experts(num, hidden, inter, torch.bfloat16, gen)
+    ex = Experts(ex.gate_up.cuda(), ex.down.cuda())
+    for n in (1, 17, 65, 257):
+        x = torch.randn(n, hidden, generator=gen).bfloat16().cuda()
+        odds = torch.rand(n, num, generator=gen) * torch.rand(num, generator=gen) ** 4  # popular experts
+        idx = odds.topk(k, -1).indices.cuda()
+        w = torch.rand(n, k, generator=gen).cuda()
+        want = dense_moe(x, idx, w, ex)
+        assert relative_error(sparse_moe(x, idx, w, ex, matmul=matmul), want) < TOLERANCE[torch.bfloat16], (n, seed)
+        local = torch.where(idx < num // 2, idx, num // 2)  # the upper half another rank's
+        half = Experts(ex.gate_up[: num // 2], ex.down[: num // 2])
+        want = dense_moe(x, local, w, half)
+        got = sparse_moe(x, local, w, half, matmul=matmul)
+        assert relative_error(got, want) < TOLERANCE[torch.bfloat16], (n, seed)
+
+
+def test_the_default_grouped_matmul_on_this_gpu():
+    want = "linear_rows" if torch.cuda.get_device_capability() == (9, 0) else "grouped_mm"
+    assert grouped_matmul(torch.device("cuda"), torch.bfloat16) == want
+    assert grouped_matmul(torch.device("cuda"), torch.float32) == "grouped_mm"
 
 
 def test_cuda_sparse_step_makes_no_host_sync_and_its_graph_counts_the_same(tiny_checkpoint):

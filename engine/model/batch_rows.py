@@ -5,10 +5,10 @@ the rows, `linear` is F.linear, `absorb` and `expand` the per-head maps of absor
 the latent output through W_UV), `rms_norm`, `silu` and `sigmoid`, `total` (a row's sum of its few columns: the
 routing weights' normaliser) and `routed` the routed experts' output.
 - FAST: every row at once through torch's kernels, whose reductions (matmuls, means) change order with the row count.
-- InvariantRows (batch-invariant, the CPU and CUDA): every row at once through kernels.ops.linear_rows, whose every
-  output is reduced in an order fixed by its row alone: the matmuls, RMSNorm's sum of squares (a matmul with a ones
-  column), and each routed expert over the rows that chose it (one grouped call per projection); the few-column
-  sums added column by column. No row padding: an AR step's row costs one row's work. Elementwise work rounds each
+- InvariantRows (batch-invariant, the CPU and CUDA): every row at once through ops whose every output is reduced in
+  an order fixed by its row alone: kernels.ops.linear_rows for the matmuls and each routed expert over the rows that
+  chose it (one grouped call per projection), ops.rms_norm_rows for the norms, ops.expert_combine for a token's k
+  expert outputs; the few-column sums added column by column. No row padding: an AR step's row costs one row's work. Elementwise work rounds each
   element alike whatever the call holds, except torch's CPU sigmoid and silu, which compute the elements past a
   tensor's last full vectors by a scalar path that rounds differently: on the CPU InvariantRows pads each row to a
   multiple of ROW_VECTOR elements for them.
@@ -64,11 +64,12 @@ class FastRows:
         """[N, k] -> [N, 1]: each row's sum."""
         return t.sum(-1, keepdim=True)
 
-    def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts,
-               foreign: bool) -> torch.Tensor:
-        """The routed experts' output [N, H]: each token's top-k (sparse) or the dense reference."""
+    def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts
+               ) -> torch.Tensor:
+        """The routed experts' output [N, H]: each token's top-k (sparse) or the dense reference. An id of E (another
+        rank's expert) adds nothing."""
         if sparse:
-            return sparse_moe(x, idx, weights, experts, self.exact, foreign=foreign)
+            return sparse_moe(x, idx, weights, experts, self.exact)
         return dense_moe(x, idx, weights, experts)
 
 
@@ -91,7 +92,6 @@ class InvariantRows:
     def __init__(self, device: torch.device) -> None:
         self.on_cpu = device.type == "cpu"
         self._packed: dict[tuple[int, bool, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._ones: dict[int, torch.Tensor] = {}
 
     def _dtype(self, x: torch.Tensor) -> torch.dtype:
         return torch.float32 if self.on_cpu else x.dtype
@@ -123,13 +123,8 @@ class InvariantRows:
         return self._rows(o_lat, w_uv, w_uv.shape[1])
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """layers.rms_norm with each row's sum of squares a float32 linear_rows against a ones column."""
-        width = x.shape[-1]
-        if width not in self._ones:
-            self._ones[width] = ops.pack_linear_rows(torch.ones(1, width, device=x.device))
-        xf = x.float()
-        squares = ops.linear_rows((xf * xf).reshape(-1, width), self._ones[width], 1).reshape(*x.shape[:-1], 1)
-        return (xf * torch.rsqrt(squares / width + eps) * weight.float()).to(x.dtype)
+        """layers.rms_norm with each row reduced in an order fixed by its width alone (ops.rms_norm_rows)."""
+        return ops.rms_norm_rows(x, weight, eps)
 
     def silu(self, t: torch.Tensor) -> torch.Tensor:
         return _whole_vectors(F.silu, t) if self.on_cpu else F.silu(t)
@@ -141,22 +136,18 @@ class InvariantRows:
         """[N, k] -> [N, 1]: each row's sum, its columns added in order."""
         return _in_order(t.unbind(-1))[:, None]
 
-    def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts,
-               foreign: bool) -> torch.Tensor:
+    def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts
+               ) -> torch.Tensor:
         """Each chosen expert over the rows that chose it (sparse or not: the dense reference's result, each row
-        alone): the token-expert assignments sorted by expert, one grouped linear_rows per projection, and a token's
-        k outputs summed in float32 in its own rank order, on the device with nothing read on the host. An expert id
-        past the held ones (foreign: another rank's) sorts past every group and adds nothing."""
-        n, k = idx.shape
+        alone): the token-expert assignments grouped by expert (ops.expert_rows), one grouped linear_rows per
+        projection, and a token's k outputs summed in float32 in its own rank order (ops.expert_combine), on the
+        device with nothing read on the host. An expert id past the held ones (another rank's) sorts past every
+        group and adds nothing."""
         num_experts, hidden, width = experts.down.shape
-        flat = idx.reshape(-1)
-        order = flat.argsort(stable=True)  # the assignments grouped by expert, tokens in order within a group
-        ids = torch.arange(num_experts, device=x.device, dtype=flat.dtype)
-        ends = torch.searchsorted(flat[order], ids, right=True, out_int32=True)  # [E]: each expert's rows end
-        gate, up = self._rows(x[order // k], experts.gate_up, 2 * width, group_ends=ends).chunk(2, dim=-1)
+        rows, slots, ends = ops.expert_rows(x, idx, num_experts)
+        gate, up = self._rows(rows, experts.gate_up, 2 * width, group_ends=ends).chunk(2, dim=-1)
         out = self._rows(self.silu(gate) * up, experts.down, hidden, group_ends=ends)
-        out = torch.empty_like(out).index_copy_(0, order, out).view(n, k, hidden).float()
-        return _in_order([out[:, j] * weights[:, j, None].float() for j in range(k)]).to(x.dtype)
+        return ops.expert_combine(out, slots, weights.float(), ends)
 
 
 def _in_order(terms) -> torch.Tensor:

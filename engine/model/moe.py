@@ -1,14 +1,19 @@
 """Mixture of experts: routing, the stacked expert weights, the sparse forward over each token's top-k experts, the
 dense all-experts reference, and the count of the routed experts a forward touched.
 
-The sparse forward (sparse_moe) sorts the N x k (token, expert) assignments by expert and runs them as two grouped
-GEMMs, gate and up together, then down (torch._grouped_mm), whose groups are the experts and whose group ends live
-on the device. Shapes are static (N x k rows whatever the routing) and nothing is read on the host, so a CUDA step
-still captures in a graph; an expert no token chose is a group of no rows and its weights are not read. On CUDA the
-grouped kernel is torch's CUTLASS one: bfloat16 on compute capability 9.x / 10.x, fewer than 1024 experts, and (on
-every device) 16-byte rows, hidden and expert widths a multiple of 8 in bfloat16, 4 in float32. Elsewhere on CUDA
-(float32, other GPUs) torch falls back to a loop that reads the group ends on the host, which a graph cannot
-capture, so there the model runs the dense reference (sparse_runs, default_path).
+The sparse forward (sparse_moe) groups the N x k (token, expert) assignments' rows by expert (kernels.ops.expert_rows:
+a counting sort and a copy, two launches), runs them as two grouped matmuls, gate and up together, then down, whose
+groups are the experts and whose group ends live on the device, and sums each token's k outputs back
+(ops.expert_combine, one launch). Shapes are static (N x k rows whatever the routing) and nothing is read on the
+host, so a CUDA step still captures in a graph; an expert no token chose is a group of no rows and its weights are
+not read. The grouped matmul (grouped_matmul) is ours, kernels.ops.linear_rows with group ends, where its wgmma kernel
+runs (bfloat16 on an H100/H200): at Kimi-K2's widths the routed layer runs at 0.98-1.04x the bytes floor of the
+experts it touches at 17 to 257 tokens and 1.28x at one, where it takes 1.28-1.83x through torch._grouped_mm
+(bench_moe's moe layer; docs/moe.md). Elsewhere it is torch._grouped_mm: on CUDA its CUTLASS kernel wants bfloat16
+on compute capability 9.x / 10.x and fewer than 1024 experts, and (on every device) 16-byte rows, hidden and expert
+widths a multiple of 8 in bfloat16, 4 in float32. Elsewhere on CUDA (float32, other GPUs) torch falls back to a loop
+that reads the group ends on the host, which a graph cannot capture, so there the model runs the dense reference
+(sparse_runs, default_path).
 
 On the CPU torch's _grouped_mm is that loop, one matmul per expert in C++. A small matmul's call costs about as much
 as its arithmetic there (about 5 us in float32, 25 us in bfloat16, whatever its size), so a layer whose routed
@@ -17,16 +22,17 @@ both dtypes, the grouped layout took 0.6-2.2x the dense time with the tiny fixtu
 in float32), 0.45-1.45x with 1.5 MiB of experts and 0.03-0.8x from 3 MiB up (32 or 64 experts, top-4 or top-8);
 hence CPU_SPARSE_MIN_BYTES.
 
-Batch invariance: a grouped GEMM multiplies each expert's rows as one matrix, and on the CPU a matmul's reduction
-order depends on its row count, so a row's result would depend on how many other rows chose its expert. The
-batch-invariant mode runs its own experts instead (engine/model/batch_rows.py InvariantRows.routed: one grouped
-kernels.ops.linear_rows per projection); where that does not run (BlockRows: CUDA before sm_80, exact=True here) it
-gives every chosen expert exactly N rows (N = the rows of the call: fixed blocks of ROW_BLOCK in that mode, and no
-expert gets more, since a token chooses an expert at most once), zero rows filling the rest; every matmul then has
-the same shape and a row's result depends on that row alone. On CUDA the grouped kernel picks its tiling from the
-static shapes only (torch's GroupMM.cu) and computes each output row from that row and its group's weights, and the
-padding costs no extra tiles there (a tile is 64 rows or more). The dense reference is per-row exact as it is. A
-token's k expert outputs are summed in float32 in its own rank order.
+Batch invariance: torch's grouped GEMM multiplies each expert's rows as one matrix, and on the CPU a matmul's
+reduction order depends on its row count, so a row's result would depend on how many other rows chose its expert.
+The batch-invariant mode runs its own experts instead (engine/model/batch_rows.py InvariantRows.routed: one grouped
+kernels.ops.linear_rows per projection, the kernel the fast mode runs on an H100/H200); where that does not run
+(BlockRows: CUDA before sm_80, exact=True here) it gives every chosen expert exactly N rows (N = the rows of the
+call: fixed blocks of ROW_BLOCK in that mode, and no expert gets more, since a token chooses an expert at most once),
+zero rows filling the rest; every matmul then has the same shape and a row's result depends on that row alone. On
+CUDA the grouped kernel picks its tiling from the static shapes only (torch's GroupMM.cu) and computes each output
+row from that row and its group's weights, and the padding costs no extra tiles there (a tile is 64 rows or more).
+The dense reference is per-row exact as it is. A token's k expert outputs are summed in float32 in its own rank
+order.
 """
 from __future__ import annotations
 
@@ -38,9 +44,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import ModelConfig
+from kernels import ops
 
 EXPERT_TENSOR = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 MAX_GROUPED_EXPERTS = 1023  # torch's CUTLASS grouped GEMM takes fewer than 1024 groups
+GROUPED_MATMULS = ("linear_rows", "grouped_mm")  # the sparse forward's grouped matmul: ours, or torch._grouped_mm
 CPU_SPARSE_MIN_BYTES = 2 * 2**20  # a layer's routed experts below this run dense on the CPU (module docstring)
 
 
@@ -138,6 +146,12 @@ def default_path(device: torch.device, dtype: torch.dtype, cfg: ModelConfig) -> 
     return "dense" if device.type == "cpu" and layer_bytes < CPU_SPARSE_MIN_BYTES else "sparse"
 
 
+def grouped_matmul(device: torch.device, dtype: torch.dtype) -> str:
+    """The sparse forward's grouped matmul here (one of GROUPED_MATMULS; the module's docstring): ours where its
+    wgmma kernel runs, else torch's."""
+    return "linear_rows" if ops.wgmma_runs(device, dtype) else "grouped_mm"
+
+
 def local_routing(idx: torch.Tensor, weights: torch.Tensor, first: int, num_local: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """route()'s choice seen by a rank that holds experts first..first + num_local - 1 (engine/model/parallel.py):
@@ -148,52 +162,53 @@ def local_routing(idx: torch.Tensor, weights: torch.Tensor, first: int, num_loca
 
 
 def sparse_moe(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts,
-               exact: bool = False, foreign: bool = False) -> torch.Tensor:
-    """Routed experts' output [N, H] for x [N, H] and the routing (route()): each token through its k experts only.
-    exact: give every chosen expert N rows, so a row's result depends on that row alone (the module's docstring).
-    foreign: idx may hold E (local_routing's "another rank's expert"), which this call skips: those assignments
-    sort last, past every group, and add nothing."""
-    n, k = idx.shape
-    num_experts = experts.down.shape[0]
-    flat = idx.reshape(-1)  # [N k]: the expert of each assignment, token-major
-    order = flat.argsort(stable=True)  # the assignments grouped by expert, tokens in order within a group
-    by_expert = flat[order]
-    ids = torch.arange(num_experts, device=x.device, dtype=by_expert.dtype)
-    starts = torch.searchsorted(by_expert, ids, out_int32=True)  # [E]: each expert's first sorted assignment
-    ends = torch.searchsorted(by_expert, ids, right=True, out_int32=True)
-    rows = x[order // k]  # [N k, H] in expert order
+               exact: bool = False, matmul: str | None = None) -> torch.Tensor:
+    """Routed experts' output [N, H] for x [N, H] and the routing (route()): each token through its k experts only,
+    its rows grouped by expert (ops.expert_rows) and its k outputs summed back in float32 in rank order
+    (ops.expert_combine). idx may hold E (local_routing's "another rank's expert"): those assignments sort past every
+    group and add nothing. exact: give every chosen expert N rows, so a row's result depends on that row alone (the
+    module's docstring). matmul: one of GROUPED_MATMULS (None: grouped_matmul's here)."""
+    matmul = matmul or grouped_matmul(x.device, x.dtype)
+    if matmul not in GROUPED_MATMULS:
+        raise ValueError(f"matmul={matmul!r}: expected one of {GROUPED_MATMULS} or None")
+    if matmul == "linear_rows" and x.device.type != "cuda":
+        raise ValueError("matmul='linear_rows' runs the expert stacks as they are on CUDA only (the CPU kernel takes "
+                         "packed weights: engine/model/batch_rows.py); use 'grouped_mm' or None here")
+    rows, slots, ends = ops.expert_rows(x, idx, experts.down.shape[0])  # rows [N k, H] in expert order
     if exact:
-        out = _grouped_padded(rows, by_expert, starts, ends, experts, n, foreign)
+        out = _grouped_padded(rows, ends, experts, idx.shape[0], matmul)
     else:
-        out = _expert_mlp(rows, experts, ends)
-    if foreign:  # the skipped rows' outputs were never computed
-        out = torch.where((by_expert < num_experts)[:, None], out, 0.0)
-    out = torch.empty_like(out).index_copy_(0, order, out).view(n, k, -1)  # back to token-major order
-    return (out.float() * weights.unsqueeze(-1)).sum(1).to(x.dtype)  # the k outputs summed in float32
+        out = _expert_mlp(rows, experts, ends, matmul)
+    return ops.expert_combine(out, slots, weights.float(), ends)
 
 
-def _expert_mlp(rows: torch.Tensor, experts: Experts, offs: torch.Tensor) -> torch.Tensor:
-    """SwiGLU of each group of rows through its expert: rows [M, H], group e = rows offs[e-1]:offs[e] (int32)."""
+def _expert_mlp(rows: torch.Tensor, experts: Experts, offs: torch.Tensor, matmul: str) -> torch.Tensor:
+    """SwiGLU of each group of rows through its expert: rows [M, H], group e = rows offs[e-1]:offs[e] (int32; rows
+    past the last: zeros with linear_rows, not computed with torch._grouped_mm)."""
+    if matmul == "linear_rows":  # the stacks are [E, N, K] with K a multiple of 8 (sparse_runs): packed as they are
+        gate, up = ops.linear_rows(rows, experts.gate_up, experts.gate_up.shape[1], offs).chunk(2, dim=-1)
+        return ops.linear_rows(F.silu(gate) * up, experts.down, experts.down.shape[1], offs)
     gate, up = torch._grouped_mm(rows, experts.gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
     return torch._grouped_mm(F.silu(gate) * up, experts.down.transpose(1, 2), offs=offs)
 
 
-def _grouped_padded(rows: torch.Tensor, by_expert: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                    experts: Experts, capacity: int, foreign: bool = False) -> torch.Tensor:
-    """_expert_mlp with every chosen expert's group padded with zero rows to exactly `capacity` rows (at least its
-    count): the per-row exact layout. Static shapes, nothing read on the host. foreign: rows of expert E (another
-    rank's) all go to one scratch row past every group, which is never computed."""
+def _grouped_padded(rows: torch.Tensor, ends: torch.Tensor, experts: Experts, capacity: int, matmul: str
+                    ) -> torch.Tensor:
+    """_expert_mlp over expert_rows' rows and group ends with every chosen expert's group padded with zero rows to
+    exactly `capacity` rows (at least its count): the per-row exact layout, its outputs in the rows' order. Static
+    shapes, nothing read on the host. The rows past every group (another rank's experts) all go to one scratch row,
+    which is never computed."""
+    num_experts = len(ends)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    positions = torch.arange(len(rows), device=rows.device)
+    by_expert = torch.searchsorted(ends, positions.int(), right=True)  # each sorted row's expert; E past every group
     chosen = (ends > starts).int()
     offs = (chosen * capacity).cumsum(0, dtype=torch.int32)
-    size = min(len(chosen), len(rows)) * capacity
-    first_slot = offs - chosen * capacity - starts  # group e's sorted row j goes to slot first_slot[e] + j
-    if foreign:
-        first_slot = torch.cat([first_slot, first_slot.new_zeros(1)])
-    slots = first_slot[by_expert] + torch.arange(len(rows), device=rows.device)
-    if foreign:
-        slots = torch.where(by_expert < len(chosen), slots, size)
-    padded = rows.new_zeros(size + foreign, rows.shape[1]).index_copy_(0, slots, rows)
-    return _expert_mlp(padded, experts, offs)[slots]  # rows past the last chosen group's are never read
+    size = min(num_experts, len(rows)) * capacity
+    first_slot = torch.cat([offs - chosen * capacity - starts, offs.new_zeros(1)]).long()  # group e's row j: first + j
+    place = torch.where(by_expert < num_experts, first_slot[by_expert] + positions, size)
+    padded = rows.new_zeros(size + 1, rows.shape[1]).index_copy_(0, place, rows)
+    return _expert_mlp(padded, experts, offs, matmul)[place]  # rows past the last chosen group's are never read
 
 
 def dense_weights(idx: torch.Tensor, weights: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -259,7 +259,7 @@ class TargetModel:
         if held is not None:
             with timer.range(MOE_DISPATCH):  # every rank holds every token: choosing its assignments moves no bytes
                 idx, weights = local_routing(idx, weights, held.start, held.stop - held.start)
-        y = rows.routed(self.moe_path == "sparse", x, idx, weights, layer["experts"], held is not None)
+        y = rows.routed(self.moe_path == "sparse", x, idx, weights, layer["experts"])
         if "shared" in layer:
             y = y + swiglu(x, *layer["shared"], rows.linear, rows.silu)
         return y

@@ -239,4 +239,64 @@ inline void check_linear_rows_args(const at::Tensor& x, const at::Tensor& packed
               " (pack the [G, N, K] weights with kernels.ops.pack_linear_rows), got ", packed.sizes());
 }
 
+constexpr int64_t kMaxExperts = 8191;  // expert_rows: the CUDA kernel counts the experts in one block's shared memory
+
+// expert_rows: x [N, H] float32 or bfloat16 with contiguous rows, idx [N, k] int64 contiguous, 1 <= E <= kMaxExperts.
+inline void check_expert_rows_args(const at::Tensor& x, const at::Tensor& idx, int64_t num_experts) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16, got ",
+              dtype_name(x.scalar_type()));
+  check_shape(x, 2, "x", "[N, H]");
+  TORCH_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x's rows must be contiguous (its last stride 1), got strides ",
+              x.strides());
+  check_dtype(idx, at::kLong, "idx");
+  check_shape(idx, 2, "idx", "[N, k] (each token's experts)");
+  check_contiguous(idx, "idx");
+  check_same_device(idx, x, "idx", "x");
+  TORCH_CHECK(idx.size(0) == x.size(0), "idx must hold one row of experts per row of x (", x.size(0), "), got ",
+              idx.size(0));
+  TORCH_CHECK(num_experts >= 1 && num_experts <= kMaxExperts, "num_experts must be in [1, ", kMaxExperts, "], got ",
+              num_experts);
+}
+
+// expert_combine: out [M, H] float32 or bfloat16 with contiguous rows, slots [N, k] int64 and weights [N, k] float32
+// contiguous, group_ends [E] int32, E >= 1.
+inline void check_expert_combine_args(const at::Tensor& out, const at::Tensor& slots, const at::Tensor& weights,
+                                      const at::Tensor& group_ends) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16,
+              "out must be float32 or bfloat16, got ", dtype_name(out.scalar_type()));
+  check_shape(out, 2, "out", "[M, H] (the experts' rows)");
+  TORCH_CHECK(out.stride(1) == 1 || out.size(1) <= 1, "out's rows must be contiguous (its last stride 1), got strides ",
+              out.strides());
+  check_dtype(slots, at::kLong, "slots");
+  check_shape(slots, 2, "slots", "[N, k] (expert_rows' slots)");
+  check_contiguous(slots, "slots");
+  check_dtype(weights, at::kFloat, "weights");
+  check_contiguous(weights, "weights");
+  TORCH_CHECK(weights.sizes() == slots.sizes(), "weights must be [N, k] like slots ", slots.sizes(), ", got ",
+              weights.sizes());
+  check_dtype(group_ends, at::kInt, "group_ends");
+  check_shape(group_ends, 1, "group_ends", "[E]");
+  TORCH_CHECK(group_ends.size(0) >= 1, "group_ends must hold at least one expert's end");
+  check_same_device(slots, out, "slots", "out");
+  check_same_device(weights, out, "weights", "out");
+  check_same_device(group_ends, out, "group_ends", "out");
+}
+
+// rms_norm_rows: x [M, D] float32 or bfloat16 with contiguous rows, weight [D] contiguous in x's dtype or float32.
+inline void check_rms_norm_rows_args(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16, got ",
+              dtype_name(x.scalar_type()));
+  check_shape(x, 2, "x", "[M, D]");
+  TORCH_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x's rows must be contiguous (its last stride 1), got strides ",
+              x.strides());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat, "weight must be ",
+              dtype_name(x.scalar_type()), " (x's dtype) or float32, got ", dtype_name(weight.scalar_type()));
+  check_shape(weight, 1, "weight", "[D]");
+  check_contiguous(weight, "weight");
+  check_same_device(weight, x, "weight", "x");
+  TORCH_CHECK(weight.size(0) == x.size(1), "weight must hold D = x.size(1) = ", x.size(1), " entries, got ",
+              weight.size(0));
+  TORCH_CHECK(eps >= 0, "eps must be >= 0, got ", eps);
+}
+
 }  // namespace ddtree

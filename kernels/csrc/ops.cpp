@@ -27,6 +27,10 @@ TORCH_LIBRARY(ddtree, m) {
       "Tensor scores, Tensor path) -> ()");
   // The batch-invariant mode's matmul, every row's reductions in an order fixed by the row alone.
   m.def("linear_rows(Tensor x, Tensor packed, int out_features, Tensor? group_ends=None) -> Tensor");
+  m.def("rms_norm_rows(Tensor x, Tensor weight, float eps) -> Tensor");
+  // The routed experts' rows: grouped by expert for the grouped matmuls, and each token's k outputs summed back.
+  m.def("expert_rows(Tensor x, Tensor idx, int num_experts) -> (Tensor rows, Tensor slots, Tensor group_ends)");
+  m.def("expert_combine(Tensor out, Tensor slots, Tensor weights, Tensor group_ends) -> Tensor");
   // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
   m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");
@@ -44,4 +48,7 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("budget_choose", &ddtree::cpu::budget_choose);
   m.impl("confidence_learn", &ddtree::cpu::confidence_learn);
   m.impl("linear_rows", &ddtree::cpu::linear_rows);
+  m.impl("rms_norm_rows", &ddtree::cpu::rms_norm_rows);
+  m.impl("expert_rows", &ddtree::cpu::expert_rows);
+  m.impl("expert_combine", &ddtree::cpu::expert_combine);
 }

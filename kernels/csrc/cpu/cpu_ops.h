@@ -35,4 +35,12 @@ void confidence_learn(const at::Tensor& realised, const at::Tensor& predicted, c
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                        const std::optional<at::Tensor>& group_ends);
 
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> expert_rows(const at::Tensor& x, const at::Tensor& idx,
+                                                           int64_t num_experts);
+
+at::Tensor expert_combine(const at::Tensor& out, const at::Tensor& slots, const at::Tensor& weights,
+                          const at::Tensor& group_ends);
+
 }  // namespace ddtree::cpu

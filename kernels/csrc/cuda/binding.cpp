@@ -30,9 +30,11 @@
 #include "../tree_outputs.h"
 #include "budget_choose.cuh"
 #include "confidence_learn.cuh"
+#include "expert_rows.cuh"
 #include "graph_switch.cuh"
 #include "kv_compact.cuh"
 #include "linear_rows.cuh"
+#include "rms_norm_rows.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
 #include "verify_attn.cuh"
@@ -538,6 +540,77 @@ void graph_switch_end(const at::Tensor& index, int64_t switch_id) {
 // -- graph upload (kernels/graph_upload.py) ------------------------------------------------------------------------
 // Without it a graph's first replay uploads it, so the first replay of a large graph costs several replays.
 
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  constexpr const char* op = "rms_norm_rows";
+  check_rms_norm_rows_args(x, weight, eps);
+  check_on_cuda(x, op, "x");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  RmsNormRowsArgs args{};
+  args.x = x.const_data_ptr();
+  args.row_stride = x.stride(0);
+  args.weight = weight.const_data_ptr();
+  args.y = y.mutable_data_ptr();
+  args.num_rows = as_int(x.size(0), op, "M (x.size(0))");
+  args.width = as_int(x.size(1), op, "D (x.size(1))");
+  args.eps = static_cast<float>(eps);
+  args.bf16 = x.scalar_type() == at::kBFloat16;
+  args.weight_f32 = weight.scalar_type() == at::kFloat;
+  check_launch(RmsNormRows(args, c10::cuda::getCurrentCUDAStream()), op);
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> expert_rows(const at::Tensor& x, const at::Tensor& idx,
+                                                           int64_t num_experts) {
+  constexpr const char* op = "expert_rows";
+  check_expert_rows_args(x, idx, num_experts);
+  check_on_cuda(x, op, "x");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t num_assignments = idx.numel();
+  at::Tensor rows = at::empty({num_assignments, x.size(1)}, x.options());
+  at::Tensor slots = at::empty_like(idx);
+  at::Tensor group_ends = at::empty({num_experts}, idx.options().dtype(at::kInt));
+  ExpertRowsArgs args{};
+  args.x = x.const_data_ptr();
+  args.x_row_bytes = x.stride(0) * static_cast<int64_t>(x.element_size());
+  args.row_bytes = as_int(x.size(1) * static_cast<int64_t>(x.element_size()), op, "a row's bytes");
+  args.idx = idx.const_data_ptr<int64_t>();
+  args.num_assignments = as_int(num_assignments, op, "N k (idx.numel())");
+  args.top_k = std::max(1, static_cast<int>(idx.size(1)));
+  args.num_experts = static_cast<int>(num_experts);
+  args.rows = rows.mutable_data_ptr();
+  args.slots = slots.mutable_data_ptr<int64_t>();
+  args.group_ends = group_ends.mutable_data_ptr<int32_t>();
+  check_launch(ExpertRows(args, c10::cuda::getCurrentCUDAStream()), op);
+  return {rows, slots, group_ends};
+}
+
+at::Tensor expert_combine(const at::Tensor& out, const at::Tensor& slots, const at::Tensor& weights,
+                          const at::Tensor& group_ends) {
+  constexpr const char* op = "expert_combine";
+  check_expert_combine_args(out, slots, weights, group_ends);
+  check_on_cuda(out, op, "out");
+  const c10::cuda::CUDAGuard guard(out.device());
+  at::Tensor y = at::empty({slots.size(0), out.size(1)}, out.options());
+  ExpertCombineArgs args{};
+  args.out = out.const_data_ptr();
+  args.out_row_stride = out.stride(0);
+  args.num_out_rows = as_int(out.size(0), op, "M (out.size(0))");
+  args.width = as_int(out.size(1), op, "H (out.size(1))");
+  args.slots = slots.const_data_ptr<int64_t>();
+  args.weights = weights.const_data_ptr<float>();
+  args.group_ends = group_ends.const_data_ptr<int32_t>();
+  args.num_experts = as_int(group_ends.size(0), op, "E (group_ends.size(0))");
+  TORCH_CHECK(slots.size(0) <= 65535, op, " (CUDA): N = ", slots.size(0), " tokens is above the kernel's limit of "
+              "65535 (its grid's y)");
+  args.num_tokens = static_cast<int>(slots.size(0));
+  args.top_k = as_int(slots.size(1), op, "k (slots.size(1))");
+  args.y = y.mutable_data_ptr();
+  args.bf16 = out.scalar_type() == at::kBFloat16;
+  check_launch(ExpertCombine(args, c10::cuda::getCurrentCUDAStream()), op);
+  return y;
+}
+
 void graph_upload(int64_t graph_exec) {
   TORCH_CHECK(graph_exec != 0, "graph_upload: graph_exec is 0; pass graph.raw_cuda_graph_exec() of a ",
               "torch.cuda.CUDAGraph whose capture has ended");
@@ -559,6 +632,9 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("budget_choose", &ddtree::cuda::budget_choose);
   m.impl("confidence_learn", &ddtree::cuda::confidence_learn);
   m.impl("linear_rows", &ddtree::cuda::linear_rows);
+  m.impl("rms_norm_rows", &ddtree::cuda::rms_norm_rows);
+  m.impl("expert_rows", &ddtree::cuda::expert_rows);
+  m.impl("expert_combine", &ddtree::cuda::expert_combine);
   m.impl("graph_switch_begin", &ddtree::cuda::graph_switch_begin);
   m.impl("graph_branch_begin", &ddtree::cuda::graph_branch_begin);
   m.impl("graph_branch_end", &ddtree::cuda::graph_branch_end);

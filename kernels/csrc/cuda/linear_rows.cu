@@ -1,9 +1,10 @@
 // The row-invariant matmul's kernels (linear_rows.cuh has the contract and why each is row-invariant).
 //
-// bfloat16: a block owns 64 or 128 output columns, one K range (split) and a chunk of rows of one group. K streams
-// through shared memory in chunks of 64 (4 stages of cp.async; 16-byte pieces swizzled by row, the 128-byte swizzle
-// that wgmma reads and that spares ldmatrix bank conflicts). The row chunk is the grid's fastest index, so the blocks that
-// read the same weight slab for different rows run side by side and share it through L2.
+// bfloat16: a block owns 64 or 128 output columns, one K range (split) and a tile of rows of one group (grouped: the
+// grid's x walks the tiles group by group, grouped_tile). K streams through shared memory in chunks of 64 (4 stages
+// of cp.async; 16-byte pieces swizzled by row, the 128-byte swizzle that wgmma reads and that spares ldmatrix bank
+// conflicts). The row tile is the grid's fastest index, so the blocks that read the same weight slab for different
+// rows run side by side and share it through L2.
 // - sm_90a: one or two warpgroups a block, each with its 64 columns of the weight tile as wgmma's M and the block's
 //   rows as its N (m64nNk16 per 16 of K, N = 8 .. 256 by the rows: each row a column of the instruction).
 // - sm_80 and later elsewhere: four warps of 16 columns each, mma.sync m16n8k16 per 16-row tile (16 * MT rows).
@@ -45,6 +46,61 @@ __device__ __forceinline__ void group_rows(const LinearRowsArgs& a, int g, int& 
   }
 }
 
+// A grouped call's row tiles, numbered group by group (group g's rows in tiles of tile_rows, a group of no rows
+// taking none): at most min(M, ceil(M / tile_rows) + G) of them, the grid's x (grouped_tiles), so a launch holds no
+// block per group and row chunk that no routing can fill (at 384 experts and 257 tokens that was 31 million blocks).
+__host__ __device__ __forceinline__ int grouped_tiles(int num_rows, int num_groups, int tile_rows) {
+  return min(num_rows, ceil_div(num_rows, tile_rows) + num_groups);
+}
+
+// Tile `tile` of a grouped call: its group g and rows [begin, end); false past the last tile. Every thread of the
+// block calls it: each counts the tiles of its share of the groups, an exclusive scan over the block places them,
+// and the thread whose share holds the tile names it (a few hundred cycles against the tile's K loop). scratch: 35
+// ints of the block's dynamic shared memory, free again when it returns (static shared memory would count against
+// the 48 KB a kernel may take without asking).
+__device__ bool grouped_tile(const LinearRowsArgs& a, int tile_rows, int tile, int* scratch, int& g, int& begin,
+                             int& end) {
+  int* warp_tiles = scratch;  // [32]
+  int* found = scratch + 32;  // [3]
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int per_thread = ceil_div(a.num_groups, blockDim.x);
+  const int lo = min(static_cast<int>(threadIdx.x) * per_thread, a.num_groups);
+  const int hi = min(lo + per_thread, a.num_groups);
+  int count = 0;
+  for (int i = lo; i < hi; ++i) {
+    int b, e;
+    group_rows(a, i, b, e);
+    count += ceil_div(e - b, tile_rows);
+  }
+  int before = count;  // the inclusive scan within the warp, then the warps before this one
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const int other = __shfl_up_sync(kFullMask, before, offset);
+    if (lane >= offset) before += other;
+  }
+  if (lane == kWarpSize - 1) warp_tiles[warp] = before;
+  if (threadIdx.x == 0) found[0] = -1;
+  __syncthreads();
+  before -= count;
+  for (int w = 0; w < warp; ++w) before += warp_tiles[w];
+  if (tile >= before && tile < before + count) {
+    int rest = tile - before;
+    for (int i = lo; i < hi; ++i) {
+      int b, e;
+      group_rows(a, i, b, e);
+      const int n = ceil_div(e - b, tile_rows);
+      if (rest < n) {
+        found[0] = i, found[1] = b + rest * tile_rows, found[2] = e;
+        break;
+      }
+      rest -= n;
+    }
+  }
+  __syncthreads();
+  g = found[0], begin = found[1], end = found[2];
+  __syncthreads();  // every thread has read it before the first stage load overwrites it
+  return g >= 0;
+}
+
 // What a bfloat16 block computes: its columns from n0 of group g for rows r0 .. r0 + num_rows - 1, over K range
 // [k_begin, k_end) (split `split`).
 struct BlockTile {
@@ -53,16 +109,21 @@ struct BlockTile {
   int g, split, n0, r0, num_rows, k_begin, k_end, num_chunks;
 };
 
-// The block's tile for tiles of tile_rows rows and cols columns; false when it has no rows.
+// The block's tile for tiles of tile_rows rows and cols columns (grouped: tile blockIdx.x of grouped_tile, with
+// the block's shared memory as its scratch; else group blockIdx.z's row chunk blockIdx.x); false when it has no rows.
+// Every thread of the block calls it.
 __device__ __forceinline__ bool block_tile(const LinearRowsArgs& a, int num_col_tiles, int tile_rows, int cols,
-                                           BlockTile& t) {
-  t.g = blockIdx.z;
+                                           uint8_t* smem, BlockTile& t) {
   t.split = blockIdx.y / num_col_tiles;
   t.n0 = blockIdx.y % num_col_tiles * cols;
-  int row_begin, row_end;
-  group_rows(a, t.g, row_begin, row_end);
-  t.r0 = row_begin + blockIdx.x * tile_rows;
-  if (t.r0 >= row_end) return false;
+  int row_end = a.num_rows;
+  if (a.group_ends != nullptr) {
+    if (!grouped_tile(a, tile_rows, blockIdx.x, reinterpret_cast<int*>(smem), t.g, t.r0, row_end)) return false;
+  } else {
+    t.g = blockIdx.z;
+    t.r0 = blockIdx.x * tile_rows;
+    if (t.r0 >= row_end) return false;
+  }
   t.num_rows = min(tile_rows, row_end - t.r0);
   t.k_begin = t.split * a.plan.split_depth;
   t.k_end = min(a.depth, t.k_begin + a.plan.split_depth);
@@ -107,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) linear_rows_mma(const LinearRowsArgs
   constexpr int kStageBytes = (kBlockCols + kTileRows) * kLineBytes;
   extern __shared__ __align__(128) uint8_t smem[];
   BlockTile t;
-  if (!block_tile(a, num_col_tiles, kTileRows, kBlockCols, t)) return;
+  if (!block_tile(a, num_col_tiles, kTileRows, kBlockCols, smem, t)) return;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
 
   float acc[MT][2][4] = {};
@@ -175,7 +236,7 @@ __global__ void __launch_bounds__(kGroups * kThreads) linear_rows_wgmma(const Li
   extern __shared__ uint8_t raw[];
   uint8_t* smem = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
   BlockTile t;
-  if (!block_tile(a, num_col_tiles, kRows, kCols, t)) return;
+  if (!block_tile(a, num_col_tiles, kRows, kCols, smem, t)) return;
   const int group = threadIdx.x / kThreads;
 
   float d[kRows / 2];
@@ -270,12 +331,20 @@ __global__ void linear_rows_combine(const LinearRowsArgs a) {
   static_cast<__nv_bfloat16*>(a.out)[i] = __float2bfloat16_rn(sum);
 }
 
+// A bfloat16 launch's grid: x the row tiles (grouped_tiles, or each group's row chunks), y the column tiles of each
+// split, z the groups (1 when grouped: x walks them).
+dim3 row_grid(const LinearRowsArgs& a, int tile_rows, int num_col_tiles) {
+  const bool grouped = a.group_ends != nullptr;
+  const int tiles = grouped ? grouped_tiles(a.num_rows, a.num_groups, tile_rows) : ceil_div(a.num_rows, tile_rows);
+  return dim3(tiles, num_col_tiles * a.plan.num_splits, grouped ? 1 : a.num_groups);
+}
+
 template <int kRows, int kGroups>
 cudaError_t launch_wgmma(const LinearRowsArgs& a, cudaStream_t stream) {
   const int num_col_tiles = ceil_div(a.num_cols, kGroups * kWgCols);
   const size_t smem = static_cast<size_t>(kStages) * (kGroups * kWgCols + kRows) * kLineBytes + 1024;
   DDTREE_CUDA_TRY(allow_dynamic_smem(linear_rows_wgmma<kRows, kGroups>, smem));
-  const dim3 grid(ceil_div(a.num_rows, kRows), num_col_tiles * a.plan.num_splits, a.num_groups);
+  const dim3 grid = row_grid(a, kRows, num_col_tiles);
   linear_rows_wgmma<kRows, kGroups><<<grid, kGroups * kThreads, smem, stream>>>(a, num_col_tiles);
   return cudaGetLastError();
 }
@@ -283,9 +352,12 @@ cudaError_t launch_wgmma(const LinearRowsArgs& a, cudaStream_t stream) {
 // The wgmma's N for a call: the rows a group holds (M, or M / G on the average with group_ends), rounded up to one
 // of the instruction widths compiled here; past 80 rows, the fewest blocks of at most 256 rows, evened out. Up to 16
 // rows a block has one warpgroup (more blocks to stream the weights), past that two (each rows tile serves twice the
-// columns). A row's bits depend on neither (tests/test_linear_rows_cuda.py).
+// columns). A grouped call of 3 to 8 rows a group on the average takes tiles of 16 in two warpgroups: the touched
+// groups hold more than the average (Kimi-K2's 257 tokens: 5.4 a group, 10 a touched one in a DDTree verify), and a
+// group's second tile would read its weights again. A row's bits depend on none of it (tests/test_linear_rows_cuda.py).
 cudaError_t launch_wgmma_rows(const LinearRowsArgs& a, cudaStream_t stream) {
   const int rows = a.group_ends != nullptr ? ceil_div(a.num_rows, a.num_groups) : a.num_rows;
+  if (a.group_ends != nullptr && rows > 2 && rows <= 8) return launch_wgmma<16, 2>(a, stream);
   if (rows <= 8) return launch_wgmma<8, 1>(a, stream);
   if (rows <= 16) return launch_wgmma<16, 1>(a, stream);
   if (rows <= 32) return launch_wgmma<32, 2>(a, stream);
@@ -300,7 +372,7 @@ cudaError_t launch_mma(const LinearRowsArgs& a, cudaStream_t stream) {
   const int num_col_tiles = ceil_div(a.num_cols, kBlockCols);
   const size_t smem = static_cast<size_t>(kStages) * (kBlockCols + 16 * MT) * kLineBytes;
   DDTREE_CUDA_TRY(allow_dynamic_smem(linear_rows_mma<MT>, smem));
-  const dim3 grid(ceil_div(a.num_rows, 16 * MT), num_col_tiles * a.plan.num_splits, a.num_groups);
+  const dim3 grid = row_grid(a, 16 * MT, num_col_tiles);
   linear_rows_mma<MT><<<grid, kThreads, smem, stream>>>(a, num_col_tiles);
   return cudaGetLastError();
 }
@@ -308,8 +380,8 @@ cudaError_t launch_mma(const LinearRowsArgs& a, cudaStream_t stream) {
 }  // namespace
 
 LinearRowsPlan LinearRowsPlanFor(int num_cols, int depth, int num_groups, bool grouped, bool bf16, int num_sms) {
-  if (!bf16 || depth <= 0) return {1, std::max(depth, 1)};
-  const int64_t blocks = static_cast<int64_t>(ceil_div(num_cols, kBlockCols)) * (grouped ? 1 : num_groups);
+  if (!bf16 || depth <= 0 || grouped) return {1, std::max(depth, 1)};
+  const int64_t blocks = static_cast<int64_t>(ceil_div(num_cols, kBlockCols)) * num_groups;
   const int64_t for_the_grid = ceil_div(kMinBlocksPerSm * num_sms, std::max<int64_t>(blocks, 1));
   const int wanted = static_cast<int>(std::min<int64_t>(for_the_grid, std::max(1, depth / kMinSplitDepth)));
   const int split_depth = round_up(ceil_div(depth, std::max(wanted, 1)), kChunk);
