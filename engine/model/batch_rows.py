@@ -8,10 +8,10 @@ routing weights' normaliser) and `routed` the routed experts' output.
 - InvariantRows (batch-invariant, the CPU and CUDA): every row at once through ops whose every output is reduced in
   an order fixed by its row alone: kernels.ops.linear_rows for the matmuls and each routed expert over the rows that
   chose it (one grouped call per projection), ops.rms_norm_rows for the norms, ops.expert_combine for a token's k
-  expert outputs; the few-column sums added column by column. No row padding: an AR step's row costs one row's work. Elementwise work rounds each
-  element alike whatever the call holds, except torch's CPU sigmoid and silu, which compute the elements past a
-  tensor's last full vectors by a scalar path that rounds differently: on the CPU InvariantRows pads each row to a
-  multiple of ROW_VECTOR elements for them.
+  expert outputs; the few-column sums added column by column. No row padding: an AR step's row costs one row's
+  work. Elementwise work rounds each element alike whatever the call holds, except torch's CPU sigmoid and silu,
+  which compute the elements past a tensor's last full vectors by a scalar path that rounds differently: on the CPU
+  InvariantRows pads each row to a multiple of ROW_VECTOR elements for them.
 - BlockRows (batch-invariant, the fallback where linear_rows' bfloat16 kernel does not run: CUDA before sm_80):
   blocks of exactly ROW_BLOCK rows, the last zero-padded; a kernel is chosen by its shapes, so every row goes through
   the same kernels whatever the call holds; the experts padded alike (engine/model/moe.py).

@@ -239,15 +239,20 @@ inline void check_linear_rows_args(const at::Tensor& x, const at::Tensor& packed
               " (pack the [G, N, K] weights with kernels.ops.pack_linear_rows), got ", packed.sizes());
 }
 
+// t float32 or bfloat16, 2-dim (`layout`), its rows contiguous (its last stride 1).
+inline void check_float_rows(const at::Tensor& t, const char* name, const char* layout) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16, got ", dtype_name(t.scalar_type()));
+  check_shape(t, 2, name, layout);
+  TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, name, "'s rows must be contiguous (its last stride 1), got strides ",
+              t.strides());
+}
+
 constexpr int64_t kMaxExperts = 8191;  // expert_rows: the CUDA kernel counts the experts in one block's shared memory
 
 // expert_rows: x [N, H] float32 or bfloat16 with contiguous rows, idx [N, k] int64 contiguous, 1 <= E <= kMaxExperts.
 inline void check_expert_rows_args(const at::Tensor& x, const at::Tensor& idx, int64_t num_experts) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16, got ",
-              dtype_name(x.scalar_type()));
-  check_shape(x, 2, "x", "[N, H]");
-  TORCH_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x's rows must be contiguous (its last stride 1), got strides ",
-              x.strides());
+  check_float_rows(x, "x", "[N, H]");
   check_dtype(idx, at::kLong, "idx");
   check_shape(idx, 2, "idx", "[N, k] (each token's experts)");
   check_contiguous(idx, "idx");
@@ -262,11 +267,7 @@ inline void check_expert_rows_args(const at::Tensor& x, const at::Tensor& idx, i
 // contiguous, group_ends [E] int32, E >= 1.
 inline void check_expert_combine_args(const at::Tensor& out, const at::Tensor& slots, const at::Tensor& weights,
                                       const at::Tensor& group_ends) {
-  TORCH_CHECK(out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16,
-              "out must be float32 or bfloat16, got ", dtype_name(out.scalar_type()));
-  check_shape(out, 2, "out", "[M, H] (the experts' rows)");
-  TORCH_CHECK(out.stride(1) == 1 || out.size(1) <= 1, "out's rows must be contiguous (its last stride 1), got strides ",
-              out.strides());
+  check_float_rows(out, "out", "[M, H] (the experts' rows)");
   check_dtype(slots, at::kLong, "slots");
   check_shape(slots, 2, "slots", "[N, k] (expert_rows' slots)");
   check_contiguous(slots, "slots");
@@ -284,11 +285,7 @@ inline void check_expert_combine_args(const at::Tensor& out, const at::Tensor& s
 
 // rms_norm_rows: x [M, D] float32 or bfloat16 with contiguous rows, weight [D] contiguous in x's dtype or float32.
 inline void check_rms_norm_rows_args(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16, got ",
-              dtype_name(x.scalar_type()));
-  check_shape(x, 2, "x", "[M, D]");
-  TORCH_CHECK(x.stride(1) == 1 || x.size(1) <= 1, "x's rows must be contiguous (its last stride 1), got strides ",
-              x.strides());
+  check_float_rows(x, "x", "[M, D]");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat, "weight must be ",
               dtype_name(x.scalar_type()), " (x's dtype) or float32, got ", dtype_name(weight.scalar_type()));
   check_shape(weight, 1, "weight", "[D]");

@@ -1,8 +1,6 @@
 // The routed experts' rows' kernels (expert_rows.cuh has the contract and the layout).
 #include <cuda_bf16.h>
 
-#include <type_traits>
-
 #include "common.cuh"
 #include "expert_rows.cuh"
 
@@ -82,24 +80,6 @@ __global__ void __launch_bounds__(kCopyThreads) expert_copy_kernel(const ExpertR
     }
   } else {
     for (int i = threadIdx.x; i < a.row_bytes; i += blockDim.x) dst[i] = src[i];
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ float to_float(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return v;
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(v);
-  } else {
-    return v;
   }
 }
 

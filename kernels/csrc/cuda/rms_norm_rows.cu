@@ -1,8 +1,6 @@
 // The row-invariant RMSNorm's kernel (rms_norm_rows.cuh has the contract and the reduction order).
 #include <cuda_bf16.h>
 
-#include <type_traits>
-
 #include "common.cuh"
 #include "rms_norm_rows.cuh"
 
@@ -10,15 +8,6 @@ namespace ddtree::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <typename T>
-__device__ __forceinline__ float as_float(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return v;
-  }
-}
 
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads) rms_norm_rows_kernel(const RmsNormRowsArgs a) {
@@ -28,7 +17,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_rows_kernel(const RmsNormRo
   const T* row = static_cast<const T*>(a.x) + static_cast<int64_t>(m) * a.row_stride;
   float squares = 0.0f;
   for (int d = threadIdx.x; d < a.width; d += kThreads) {
-    const float v = as_float(row[d]);
+    const float v = to_float(row[d]);
     squares = fmaf(v, v, squares);
   }
   squares = warp_sum(squares);
@@ -43,12 +32,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_rows_kernel(const RmsNormRo
   const W* weight = static_cast<const W*>(a.weight);
   T* y = static_cast<T*>(a.y) + static_cast<int64_t>(m) * a.width;
   for (int d = threadIdx.x; d < a.width; d += kThreads) {
-    const float v = as_float(row[d]) * scale * as_float(weight[d]);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      y[d] = __float2bfloat16_rn(v);
-    } else {
-      y[d] = v;
-    }
+    y[d] = from_float<T>(to_float(row[d]) * scale * to_float(weight[d]));
   }
 }
 
