@@ -601,9 +601,7 @@ at::Tensor expert_combine(const at::Tensor& out, const at::Tensor& slots, const 
   args.weights = weights.const_data_ptr<float>();
   args.group_ends = group_ends.const_data_ptr<int32_t>();
   args.num_experts = as_int(group_ends.size(0), op, "E (group_ends.size(0))");
-  TORCH_CHECK(slots.size(0) <= 65535, op, " (CUDA): N = ", slots.size(0), " tokens is above the kernel's limit of "
-              "65535 (its grid's y)");
-  args.num_tokens = static_cast<int>(slots.size(0));
+  args.num_tokens = as_int(slots.size(0), op, "N (slots.size(0))");
   args.top_k = as_int(slots.size(1), op, "k (slots.size(1))");
   args.y = y.mutable_data_ptr();
   args.bf16 = out.scalar_type() == at::kBFloat16;

@@ -86,8 +86,8 @@ __global__ void __launch_bounds__(kCopyThreads) expert_copy_kernel(const ExpertR
 // Thread (token n, columns h0 .. h0 + 7): the token's k rows in rank order, in float32.
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) expert_combine_kernel(const ExpertCombineArgs a) {
-  const int n = blockIdx.y;
-  const int h0 = (blockIdx.x * blockDim.x + threadIdx.x) * kCombineCols;
+  const int n = blockIdx.x;
+  const int h0 = (blockIdx.y * blockDim.x + threadIdx.x) * kCombineCols;
   if (h0 >= a.width) return;
   const int held = min(a.num_out_rows, max(a.group_ends[a.num_experts - 1], 0));
   const T* out = static_cast<const T*>(a.out);
@@ -129,7 +129,7 @@ cudaError_t ExpertRows(const ExpertRowsArgs& a, cudaStream_t stream) {
 
 cudaError_t ExpertCombine(const ExpertCombineArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0 || a.width == 0) return cudaSuccess;
-  const dim3 grid(ceil_div(a.width, kCombineThreads * kCombineCols), a.num_tokens);
+  const dim3 grid(a.num_tokens, ceil_div(a.width, kCombineThreads * kCombineCols));  // a prefill's tokens in x
   if (a.bf16) {
     expert_combine_kernel<__nv_bfloat16><<<grid, kCombineThreads, 0, stream>>>(a);
   } else {
