@@ -215,6 +215,7 @@ ATTN_CASES = {
     "tree-verify": (257, 64, 512, 64, 2048, 1500, "tree"),
     "ar-full-cache": (1, 64, 512, 64, 32768, 32767, "single"),
     "tree-verify-full-cache": (257, 64, 512, 64, 32768, 32768 - 257, "tree"),
+    "long-prefill": (384, 64, 512, 64, 512, 0, "causal"),  # row i sees rows 0..i: tiles past it are skipped
 }
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -276,6 +277,42 @@ def test_each_verify_attn_kernel_matches_float64(ops, monkeypatch, case, kernel)
     assert _rel_err(got.lse, want_lse) < 1e-2, f"lse, {kernel}, seed {seed}"
 
 
+SPLIT_CASES = ["ar-split-kv", "empty-splits", "odd-dims", "tree-verify", "ar-full-cache"]
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64, 256])
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_verify_attn_forced_splits_match_float64(ops, monkeypatch, case, splits):
+    """Any split count (DDTREE_VERIFY_ATTN_SPLITS) gives the attention: one split writes o_lat itself, several go
+    through the combine step, whose blocks take a chunk of the columns when the rows are few (N = 1), and splits
+    past the visible rows see nothing. Two runs give the same bits (a fixed order)."""
+    monkeypatch.setenv("DDTREE_VERIFY_ATTN_SPLITS", str(splits))
+    seed = _seed()
+    dtype = torch.bfloat16 if ATTN_CASES[case][2:4] == (512, 64) else torch.float32
+    q_lat, q_pe, ckv, kpe, prefix, mask, scale = _attn_inputs(case, dtype, seed)
+    args = (q_lat.to(CUDA), q_pe.to(CUDA), ckv.to(CUDA), kpe.to(CUDA), torch.tensor(prefix, device=CUDA), mask.to(CUDA))
+    _poison_allocator()
+    got = ops.verify_attn(*args, scale)
+    want_o, want_lse = _attention_f64(*args[:4], prefix, args[5], scale)
+    assert _rel_err(got.o_lat, want_o) < TOLERANCE[dtype], f"o_lat, {splits} splits, seed {seed}"
+    assert _rel_err(got.lse, want_lse) < TOLERANCE[dtype], f"lse, {splits} splits, seed {seed}"
+    again = ops.verify_attn(*args, scale)
+    assert torch.equal(got.o_lat, again.o_lat) and torch.equal(got.lse, again.lse), f"seed {seed}"
+
+
+@pytest.mark.parametrize("value", ["0", "257", "-3", "8x", ""])
+def test_verify_attn_split_setting_errors(ops, monkeypatch, value):
+    q_lat, q_pe = torch.randn(1, 4, 32, device=CUDA), torch.randn(1, 4, 8, device=CUDA)
+    ckv, kpe = torch.randn(30, 32, device=CUDA), torch.randn(30, 8, device=CUDA)
+    args = (q_lat, q_pe, ckv, kpe, torch.tensor(29, device=CUDA), torch.ones(1, 1, dtype=torch.bool, device=CUDA), 0.1)
+    monkeypatch.setenv("DDTREE_VERIFY_ATTN_SPLITS", value)
+    with pytest.raises(RuntimeError, match=f"DDTREE_VERIFY_ATTN_SPLITS={value} is not a count from 1 to 256 or auto"):
+        ops.verify_attn(*args)
+    monkeypatch.setenv("DDTREE_VERIFY_ATTN_SPLITS", "auto")
+    want_o, _ = _attention_f64(*args[:4], 29, args[5], 0.1)
+    assert _rel_err(ops.verify_attn(*args).o_lat, want_o) < 1e-5
+
+
 def test_verify_attn_kernel_choice_errors(ops, monkeypatch):
     q_lat, q_pe = torch.randn(2, 4, 512, device=CUDA), torch.randn(2, 4, 64, device=CUDA)
     ckv, kpe = torch.randn(8, 512, device=CUDA), torch.randn(8, 64, device=CUDA)
@@ -293,14 +330,25 @@ def test_verify_attn_kernel_choice_errors(ops, monkeypatch):
     assert _rel_err(got.o_lat, want.o_lat.double()) < 1e-5
 
 
-def test_verify_attn_node_that_sees_nothing(ops):
-    q_lat, q_pe = torch.randn(2, 3, 32, device=CUDA), torch.randn(2, 3, 8, device=CUDA)
-    ckv, kpe = torch.randn(5, 32, device=CUDA), torch.randn(5, 8, device=CUDA)
-    mask = torch.tensor([[True, False], [False, False]], device=CUDA)
+@pytest.mark.parametrize(("dtype", "lat_dim", "rope_dim", "num_heads"),
+                         [(torch.float32, 32, 8, 3), (torch.bfloat16, 512, 64, 64), (torch.bfloat16, 512, 64, 16)],
+                         ids=["cuda-core", "tensor-core", "tensor-core-4-nodes-a-tile"])
+def test_verify_attn_node_that_sees_nothing(ops, dtype, lat_dim, rope_dim, num_heads):
+    """Without a prefix, node 1 sees no row at all (the tensor-core kernel trims a tile's rows past the last one its
+    nodes see, yet still writes such a row: o_lat 0, lse -inf); node 2 sees rows 0 and 2 only."""
+    def randn(*shape):
+        return torch.randn(*shape, device=CUDA).to(dtype)
+
+    q_lat, q_pe = randn(3, num_heads, lat_dim), randn(3, num_heads, rope_dim)
+    ckv, kpe = randn(5, lat_dim), randn(5, rope_dim)
+    mask = torch.tensor([[True, False, False], [False, False, False], [True, False, True]], device=CUDA)
     _poison_allocator()
     got = ops.verify_attn(q_lat, q_pe, ckv, kpe, torch.tensor(0, device=CUDA), mask, 0.3)
     assert torch.all(got.o_lat[1] == 0) and torch.all(got.lse[1] == float("-inf"))
-    assert torch.all(torch.isfinite(got.o_lat[0])) and torch.all(torch.isfinite(got.lse[0]))
+    want_o, want_lse = _attention_f64(q_lat, q_pe, ckv, kpe, 0, mask, 0.3)
+    for node in (0, 2):
+        assert _rel_err(got.o_lat[node], want_o[node]) < TOLERANCE[dtype], f"node {node}"
+        assert _rel_err(got.lse[node], want_lse[node]) < TOLERANCE[dtype], f"node {node}"
 
 
 # ---------------------------------------------------------------- tree_accept, kv_compact

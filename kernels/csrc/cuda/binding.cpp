@@ -81,6 +81,17 @@ constexpr Choice<VerifyAttnKernel> kVerifyAttnKernels[] = {{"auto", VerifyAttnKe
 constexpr Choice<LinearRowsKernel> kLinearRowsKernels[] = {
     {"auto", LinearRowsKernel::kAuto}, {"wgmma", LinearRowsKernel::kWgmma}, {"mma", LinearRowsKernel::kMmaSync}};
 
+// A count from an environment variable, 0 when unset or "auto" (the kernel's choice).
+int env_count(const char* op, const char* var, int max_value) {
+  const char* env = std::getenv(var);
+  if (env == nullptr || std::string(env) == "auto") return 0;
+  char* end = nullptr;
+  const long value = std::strtol(env, &end, 10);
+  TORCH_CHECK(*env != '\0' && *end == '\0' && value >= 1 && value <= max_value, op, " (CUDA): ", var, "=", env,
+              " is not a count from 1 to ", max_value, " or auto: pick one or unset it");
+  return static_cast<int>(value);
+}
+
 // How the batch-invariant tensor-core kernel spreads its splits over blocks (the same bits either way).
 constexpr Choice<int> kExactBlocks[] = {{"auto", 0}, {"split", 1}, {"group", 2}};
 
@@ -173,7 +184,8 @@ cudaError_t launch_verify_attn(const at::Tensor& q_lat, const at::Tensor& q_pe, 
               "): wgmma needs an sm_90a build on a compute capability 9.0 GPU and mma one of 8.0 or newer, both "
               "bfloat16 with R = 512, P = 64 and 16-byte aligned inputs; unset it or pick cuda-core");
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&args.num_sms, cudaDevAttrMultiProcessorCount, q_lat.get_device()));
-  args.num_splits = VerifyAttnNumSplits(args.kernel, args.num_nodes, args.num_heads, args.cache_rows, args.num_sms);
+  args.num_splits = VerifyAttnNumSplits(args.kernel, args.num_nodes, args.num_heads, args.cache_rows, args.num_sms,
+                                        env_count("verify_attn", "DDTREE_VERIFY_ATTN_SPLITS", kVerifyAttnMaxSplits));
   const at::Tensor ws =
       workspace(q_lat, VerifyAttnWorkspaceBytes(args.num_nodes, args.num_heads, args.lat_dim, args.num_splits));
   args.workspace = args.num_splits > 1 ? static_cast<float*>(ws.mutable_data_ptr()) : nullptr;

@@ -271,12 +271,12 @@ __global__ void __launch_bounds__(kThreads) verify_attn_partial_kernel(VerifyAtt
 }
 
 
-// Block (node, head): o = sum_s w_s O_s with w_s = 2^(m_s - M) / L, L = sum_s 2^(m_s - M) l_s.
+// Block (node, head, chunk of the columns): o = sum_s w_s O_s with w_s = 2^(m_s - M) / L, L = sum_s 2^(m_s - M) l_s.
 // A split with m_s = -inf saw nothing and may not have written O_s: it is left out of the list of active
 // splits, never read. Warp 0 reads every split's (m, l) once (all loads in flight together, kept in
 // registers) and writes the active splits and their weights to shared memory; then the block's threads,
-// (column group of kVec columns, slice of the active splits), each sum their few independent loads and the
-// slices are added through shared memory in a fixed order (deterministic).
+// (column group of kVec columns in the block's chunk, slice of the active splits), each sum their few
+// independent loads and the slices are added through shared memory in a fixed order (deterministic).
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kMaxCombineThreads) verify_attn_combine_kernel(VerifyAttnArgs<T> a) {
   constexpr int kPerLane = kMaxSplits / kWarpSize;
@@ -285,6 +285,7 @@ __global__ void __launch_bounds__(kMaxCombineThreads) verify_attn_combine_kernel
   __shared__ int s_num_active;
   __shared__ float s_part[kMaxCombineThreads * kVec];
   const size_t nh = blockIdx.x;
+  wait_for_previous_grid();  // the splits' partial results
   if (threadIdx.x < kWarpSize) {
     const int lane = threadIdx.x;
     float m[kPerLane], l[kPerLane];
@@ -322,18 +323,18 @@ __global__ void __launch_bounds__(kMaxCombineThreads) verify_attn_combine_kernel
     }
     if (lane == 0) {
       s_num_active = count;
-      a.lse[nh] = total > 0.0f ? (m_max + log2f(total)) * kLn2 : neg_inf();
+      if (blockIdx.y == 0) a.lse[nh] = total > 0.0f ? (m_max + log2f(total)) * kLn2 : neg_inf();
     }
   }
   __syncthreads();
   const int num_active = s_num_active;
-  const int groups = ceil_div(a.lat_dim, kVec);
-  const int slices = blockDim.x / groups;  // combine_threads: >= 1, groups x slices <= kMaxCombineThreads
+  const int groups = ceil_div(ceil_div(a.lat_dim, kVec), gridDim.y);  // column groups of this block's chunk
+  const int slices = blockDim.x / groups;  // combine_shape: >= 1, groups x slices <= kMaxCombineThreads
   const int group = threadIdx.x % groups;
   const int slice = threadIdx.x / groups;
-  const int c0 = group * kVec;
+  const int c0 = (blockIdx.y * groups + group) * kVec;
   float acc[kVec] = {};
-  if (slice < slices) {
+  if (slice < slices && c0 < a.lat_dim) {
 #pragma unroll 4
     for (int k = slice; k < num_active; k += slices) {
       const float w = s_weight[k];
@@ -366,13 +367,30 @@ __global__ void __launch_bounds__(kMaxCombineThreads) verify_attn_combine_kernel
   }
 }
 
-// Combine block size: one thread per (column group, slice of the splits), at most one slice per split, and
-// only as many slices as it takes to give the GPU ~2048 threads per multiprocessor over all rows: many rows
-// (a tree) take one slice each, small blocks and many resident; few rows (N = 1, ~128 splits) take many.
-int combine_threads(int groups, int num_splits, int num_rows, int num_sms) {
-  const int64_t wanted = ceil_div(2048 * num_sms, std::max(1, num_rows * groups));
-  const int64_t slices = std::clamp<int64_t>(wanted, 1, std::min(num_splits, kMaxCombineThreads / groups));
-  return round_up(groups * static_cast<int>(slices), kWarpSize);
+// Combine grid and block shape. Few rows (N = 1: 64 rows, ~128 splits) cut their columns into chunks of a warp's
+// width or more, until there are two blocks per multiprocessor (one block per row left half the GPU idle, each
+// reading 256 KB alone); each block has one thread per (column group of its chunk, slice of the splits), at most
+// one slice per split, and only as many slices as it takes to give the GPU ~1024 threads per multiprocessor over
+// all blocks: many rows (a tree) take one chunk and one slice each, small blocks and many resident.
+struct CombineShape {
+  int chunks;
+  int threads;
+};
+
+CombineShape combine_shape(int groups, int num_splits, int num_rows, int num_sms) {
+  const int chunks = std::clamp(ceil_div(2 * num_sms, std::max(1, num_rows)), 1, std::max(1, groups / kWarpSize));
+  const int chunk_groups = ceil_div(groups, chunks);
+  const int64_t wanted = ceil_div(1024 * num_sms, std::max(1, num_rows * chunks * chunk_groups));
+  const int64_t slices = std::clamp<int64_t>(wanted, 1, std::min(num_splits, kMaxCombineThreads / chunk_groups));
+  return {chunks, round_up(chunk_groups * static_cast<int>(slices), kWarpSize)};
+}
+
+template <typename T, int kVec>
+cudaError_t launch_combine(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
+  // A dependent launch: the combine's blocks are placed while the splits finish, and wait for them.
+  const int rows = a.num_nodes * a.num_heads;
+  const CombineShape shape = combine_shape(ceil_div(a.lat_dim, kVec), a.num_splits, rows, a.num_sms);
+  return launch_dependent(verify_attn_combine_kernel<T, kVec>, dim3(rows, shape.chunks), shape.threads, 0, stream, a);
 }
 
 template <typename T>
@@ -396,7 +414,9 @@ cudaError_t launch_partial(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
 
 }  // namespace
 
-int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, int cache_rows, int num_sms) {
+int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, int cache_rows, int num_sms,
+                        int wanted) {
+  if (wanted != 0) return std::clamp(wanted, 1, kMaxSplits);
   switch (kernel) {
     case VerifyAttnKernel::kWgmma:  // modelled_splits: within [1, kMaxSplits]
       return tc_sm90::num_splits(num_nodes, num_heads, cache_rows, num_sms);
@@ -404,8 +424,8 @@ int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, i
       return tc::num_splits(num_nodes, num_heads, cache_rows, num_sms);
     default: {  // two waves of 8-head blocks
       const int blocks = num_nodes * ceil_div(num_heads, kHeadsPerBlock);
-      const int wanted = ceil_div(2 * num_sms, std::max(1, blocks));
-      return std::clamp(std::min(wanted, ceil_div(cache_rows, kMinSplitRows)), 1, kMaxSplits);
+      const int wanted_splits = ceil_div(2 * num_sms, std::max(1, blocks));
+      return std::clamp(std::min(wanted_splits, ceil_div(cache_rows, kMinSplitRows)), 1, kMaxSplits);
     }
   }
 }
@@ -452,15 +472,8 @@ cudaError_t VerifyAttn(const VerifyAttnArgs<T>& a, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   if (a.num_splits == 1) return cudaSuccess;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const int blocks = a.num_nodes * a.num_heads;
-  if (a.lat_dim % 4 == 0 && aligned(a.workspace)) {  // float4 loads of the partial outputs
-    verify_attn_combine_kernel<T, 4><<<blocks, combine_threads(a.lat_dim / 4, a.num_splits, blocks, a.num_sms), 0,
-                                                       stream>>>(a);
-  } else {
-    verify_attn_combine_kernel<T, 1><<<blocks, combine_threads(a.lat_dim, a.num_splits, blocks, a.num_sms), 0,
-                                                       stream>>>(a);
-  }
-  return cudaGetLastError();
+  if (a.lat_dim % 4 == 0 && aligned(a.workspace)) return launch_combine<T, 4>(a, stream);  // float4 loads
+  return launch_combine<T, 1>(a, stream);
 }
 
 template VerifyAttnKernel VerifyAttnResolveKernel<float>(const VerifyAttnArgs<float>&, VerifyAttnKernel);

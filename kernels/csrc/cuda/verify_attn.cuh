@@ -27,6 +27,7 @@ namespace ddtree::cuda {
 constexpr int kVerifyAttnMaxLatDim = 512;   // R (kv_lora_rank)
 constexpr int kVerifyAttnMaxRopeDim = 64;   // P (qk_rope_head_dim)
 constexpr int kVerifyAttnMaxNodes = 65535;  // N: one grid row per node
+constexpr int kVerifyAttnMaxSplits = 256;   // splits of the rows per query tile (the combine step's limit)
 
 // The kernels behind VerifyAttn. kAuto picks the fastest one that handles the arguments: wgmma (sm_90a
 // build on a compute capability 9.0 GPU), else mma.sync (compute capability 8.0+), both bfloat16 with
@@ -61,7 +62,9 @@ VerifyAttnKernel VerifyAttnResolveKernel(const VerifyAttnArgs<T>& args, VerifyAt
 
 // Splits of the visible rows per query tile for `kernel`: the CUDA-core kernel wants two waves of blocks,
 // the tensor-core kernels their modelled best (verify_attn_split.cuh); one when the nodes alone fill the GPU.
-int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, int cache_rows, int num_sms);
+// wanted (1 .. kVerifyAttnMaxSplits; 0 for the kernel's choice) forces a count, for benchmarks and tests.
+int VerifyAttnNumSplits(VerifyAttnKernel kernel, int num_nodes, int num_heads, int cache_rows, int num_sms,
+                        int wanted);
 
 size_t VerifyAttnWorkspaceBytes(int num_nodes, int num_heads, int lat_dim, int num_splits);
 

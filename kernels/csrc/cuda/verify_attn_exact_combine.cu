@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
   const size_t row = static_cast<size_t>(node0) * a.num_heads + ws_row;
   const int col0 = blockIdx.x % (kLat / kCols) * kCols;
   const Partials ws = partials(a);
+  wait_for_previous_grid();  // the tile kernel's partials (a dependent launch)
   const int slots = num_slots(a.cache_rows, kGroupPerBlock);
   const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
   float* s_stage = s_dyn;                              // [stage_slots, kCols]
@@ -127,8 +128,9 @@ cudaError_t launch_combine(const VerifyAttnExactArgs<bf16>& a, int node0, bool g
   const size_t smem = (static_cast<size_t>(stage_slots) * cols + 4 * slots + 5 * num_groups) * sizeof(float);
   const auto combine = group_per_block ? verify_attn_exact_combine_kernel<true> : verify_attn_exact_combine_kernel<false>;
   DDTREE_CUDA_TRY(allow_dynamic_smem(combine, smem));
-  combine<<<a.chunk_nodes * a.num_heads * (kLat / cols), kCombineThreads, smem, stream>>>(a, node0);
-  return cudaGetLastError();
+  // A dependent launch: its blocks are placed while the tile kernel's last blocks finish, and wait for them.
+  return launch_dependent(combine, a.chunk_nodes * a.num_heads * (kLat / cols), kCombineThreads, smem, stream, a,
+                          node0);
 }
 
 }  // namespace ddtree::cuda::exact_sm90

@@ -288,6 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
       }
       __syncthreads();  // every private value is read before the row-major writes overwrite them
     }
+    let_dependents_launch();  // the combine step (a dependent launch) may take SMs as blocks finish
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row_lo + 8 * h;
@@ -332,18 +333,22 @@ bool supported(const VerifyAttnExactArgs<bf16>& a) {
 }
 
 // The modelled time of each way (verify_attn_split.cuh's model: waves x (tiles per block + 5) x 1.8 us, plus
-// the combine's ~1.4 ns per partial row it reads); a block per group also pays ~0.5 tile per fold.
+// the combine's ~1.2 ns per partial row it reads); a block per group also pays ~3 tiles per fold of its state
+// (fitted to both ways timed at 13 shapes on the H200, N = 1 to 257, S = 1024 to 32768: the model's pick is
+// within 4% of the faster way at each, where a fold of half a tile had picked groups 13-16% slower at 512
+// split blocks, e.g. N = 8, S = 16384).
 bool group_per_block(int num_nodes, int num_heads, int cache_rows, int num_sms) {
   if (num_heads % kRows != 0) return false;  // the private state layout needs whole 64-head tiles
   const double tiles = static_cast<double>(num_nodes) * ceil_div(num_heads, kRows);
   const double rows = static_cast<double>(num_nodes) * num_heads;
-  const auto us = [&](int span, double folds) {
+  const auto us = [&](int span) {
     const int slots = ceil_div(cache_rows, span);
+    const int splits = ceil_div(std::min(cache_rows, span), kSplitRows);  // folded into a block's state
     const double waves = std::ceil(tiles * slots / std::max(1, num_sms));
-    const double tiles_per_block = ceil_div(std::min(cache_rows, span), kRows) + 0.5 * folds;
-    return waves * (tiles_per_block + 5.0) * 1.8 + 1.4e-3 * slots * rows;
+    const double tiles_per_block = ceil_div(std::min(cache_rows, span), kRows) + 3.0 * (splits - 1);
+    return waves * (tiles_per_block + 5.0) * 1.8 + 1.2e-3 * slots * rows;
   };
-  return us(kGroupRows, kGroupSplits - 1) < us(kSplitRows, 0);
+  return us(kGroupRows) < us(kSplitRows);
 }
 
 size_t workspace_bytes(int num_nodes, int num_heads, int cache_rows, bool group_per_block) {

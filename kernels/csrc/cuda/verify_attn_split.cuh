@@ -10,7 +10,7 @@
 
 namespace ddtree::cuda {
 
-constexpr int kMaxSplits = 256;
+constexpr int kMaxSplits = kVerifyAttnMaxSplits;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

@@ -28,6 +28,28 @@
 
 namespace ddtree::cuda::tc_sm90 {
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The end of a block's rows trimmed past the last block row any node of its query tile sees: a tree node sees
+// no block row after itself, a causal row none after its own, so a large tree or a prefill skips those tiles.
+// A split keeps at least its first row: one that sees nothing still runs its masked tile and writes what a row
+// that saw nothing writes.
+__device__ int trimmed_end(const VerifyAttnArgs<bf16>& a, const SplitRows& rows, int row0) {
+  __shared__ int s_last;
+  if (threadIdx.x == 0) s_last = -1;
+  __syncthreads();
+  const int first_node = row0 / a.num_heads;
+  const int last_node = min(a.num_nodes - 1, (row0 + kRows - 1) / a.num_heads);
+  int last = -1;
+  for (int node = first_node; node <= last_node; ++node) {
+    const bool* mask_row = a.block_mask + static_cast<size_t>(node) * a.num_nodes;
+    for (int j = threadIdx.x; j < a.num_nodes; j += kThreads) last = mask_row[j] ? max(last, j) : last;
+  }
+  if (last >= 0) atomicMax(&s_last, last);
+  __syncthreads();
+  return max(rows.begin + 1, min(rows.end, rows.prefix + s_last + 1));
+}
+#endif
+
 __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAttnArgs<bf16> a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t s_raw[];
@@ -45,13 +67,14 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAt
   const int num_q = a.num_nodes * a.num_heads;
   const int row0 = blockIdx.x * kRows;
   const int split = blockIdx.y;
-  const SplitRows rows = tile_split_rows(a, kRows, kRows);
+  SplitRows rows = tile_split_rows(a, kRows, kRows);
   if (rows.begin >= rows.end) return;
 
   const uint32_t q_addr = smem_addr(s_q);
   load_tile<kThreads>(q_addr, a.q_lat, a.q_pe, row0, num_q, threadIdx.x);
   load_tile<kThreads>(q_addr + kTileBytes, a.ckv, a.kpe, rows.begin, rows.end, threadIdx.x);
   cp_async_commit();
+  if (a.num_nodes > 1) rows.end = trimmed_end(a, rows, row0);  // while the first tile loads
 
   const bool* mask_row[2];
   float m_run[2], l_run[2];
@@ -183,6 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_wgmma_kernel(VerifyAt
       }
     }
   }
+  let_dependents_launch();  // the combine step (a dependent launch) may take SMs as blocks finish
   __syncthreads();
 
 #pragma unroll
