@@ -28,7 +28,6 @@ from engine.training.checkpointing import load_checkpoint, remove_checkpoints, r
 from engine.training.drafter_data import (
     SEQUENCES_FILE,
     generate_sequences,
-    load_frozen_target,
     load_sequences,
     save_sequences,
     sequence_tensors,
@@ -40,6 +39,7 @@ from engine.training.export import SAVE_DTYPES
 from engine.training.progress import Progress
 from engine.training.recipe import TrainError
 from engine.training.run_dir import TRAINING_FILE, check_out_dir, save_run_checkpoint, start_out_dir, writing
+from engine.training.target_dir import load_frozen_target
 
 RECIPE_OPTIONS = ("steps", "batch_size", "anchors", "lr", "seed", "device", "num_sequences", "save_dtype",
                   "log_every", "eval_every", "checkpoint_every", "corpus_dir", "sampled_share")

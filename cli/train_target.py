@@ -25,13 +25,13 @@ from engine.loaders.text import TOKENIZER_FILE, Tokenizer, train_bpe
 from engine.training.checkpointing import load_checkpoint, remove_checkpoints, restore_checkpoint
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.data import WindowSampler, eval_windows, token_stream
-from engine.training.drafter_data import load_frozen_target
 from engine.training.export import TARGET_SAVE_DTYPES, save_hf_dir
 from engine.training.generate import distinct_ngram_rate, greedy_generate
 from engine.training.loop import Trainer
 from engine.training.progress import Progress
 from engine.training.recipe import PRESETS, Recipe, TrainError
 from engine.training.run_dir import TRAINING_FILE, check_out_dir, save_run_checkpoint, start_out_dir, writing
+from engine.training.target_dir import load_frozen_target, load_target
 from engine.training.target_model import TargetLM
 
 RUN_FILES = ("config.json", SINGLE_FILE, TOKENIZER_FILE, TRAINING_FILE, PROMPTS_FILE)  # a finished run's files
@@ -40,14 +40,17 @@ RUN_FILES = ("config.json", SINGLE_FILE, TOKENIZER_FILE, TRAINING_FILE, PROMPTS_
 RECIPE_OPTIONS = {"steps": "steps", "batch_size": "batch_size", "seq_len": "seq_len", "lr": "lr",
                   "seed": "seed", "device": "device", "save_dtype": "save_dtype", "dropout": "dropout",
                   "log_every": "log_every", "eval_every": "eval_every", "checkpoint_every": "checkpoint_every",
-                  "corpus_dir": "corpus_dir"}
+                  "corpus_dir": "corpus_dir", "init_from": "init_from",
+                  "unlikelihood_weight": "unlikelihood_weight", "unlikelihood_batch": "unlikelihood_batch",
+                  "unlikelihood_every": "unlikelihood_every"}
 
 
 def _given(args: argparse.Namespace) -> dict:
     """The recipe fields the command line sets (options left out are None)."""
     given = {field: getattr(args, opt) for opt, field in RECIPE_OPTIONS.items() if getattr(args, opt) is not None}
-    if "corpus_dir" in given:
-        given["corpus_dir"] = str(Path(given["corpus_dir"]).resolve())
+    for path in ("corpus_dir", "init_from"):
+        if path in given:
+            given[path] = str(Path(given[path]).resolve())
     return given
 
 
@@ -69,6 +72,26 @@ def recipe_from_args(args: argparse.Namespace, checkpoint: dict | None) -> Recip
         return dataclasses.replace(base, **given)
     except TypeError as exc:  # a wrong type for a field
         raise TrainError(str(exc)) from exc
+
+
+def _check_same_shape(recipe: Recipe, initial: TargetLM) -> None:
+    """--init-from's model must be the recipe's (a preset's shape with the directory's vocabulary)."""
+    wanted = recipe.model_config(initial.cfg.vocab_size)
+    if initial.cfg != wanted:
+        diff = {k: (v, getattr(initial.cfg, k)) for k, v in wanted.to_dict().items() if getattr(initial.cfg, k) != v}
+        raise TrainError(f"--init-from {recipe.init_from}: its model is not the {recipe.preset} preset's "
+                         f"(field: (preset, directory)) {diff}; pick the preset it was trained with")
+
+
+def _initial_model(init_from: str) -> dict:
+    """Where --init-from's weights came from: its directory and its own training.json (None if it has none), so
+    the record of a fine-tuned model reaches back to the run that made its starting point."""
+    record = Path(init_from) / TRAINING_FILE
+    try:
+        training = json.loads(record.read_text())
+    except (OSError, ValueError):
+        training = None
+    return {"directory": init_from, "training": training}
 
 
 def _check_device(device: str) -> None:
@@ -112,6 +135,9 @@ def train_target(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.resume and args.tokenizer is not None:
         raise TrainError(f"--resume uses {out / TOKENIZER_FILE}, the run's own tokenizer; drop --tokenizer")
+    if args.init_from is not None and args.tokenizer is not None:
+        raise TrainError(f"--init-from uses {Path(args.init_from) / TOKENIZER_FILE}, the tokenizer its weights were "
+                         "trained with; drop --tokenizer")
     if args.pause_at is not None and args.pause_at < 1:
         raise TrainError(f"--pause-at {args.pause_at}: expected a step >= 1")
     given_tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer is not None else None
@@ -119,6 +145,11 @@ def train_target(args: argparse.Namespace) -> int:
     state = load_checkpoint(resume_from, "model", Recipe.from_dict) if resume_from is not None else None
     recipe = recipe_from_args(args, state)
     _check_device(recipe.device)
+    initial, initial_record = None, None
+    if state is None and recipe.init_from is not None:  # read and checked before DIR is touched
+        initial, given_tokenizer = load_target(recipe.init_from, "cpu", recipe.dropout)
+        _check_same_shape(recipe, initial)
+        initial_record = _initial_model(recipe.init_from)
     if args.pause_at is not None and (args.pause_at % recipe.log_every or args.pause_at >= recipe.steps):
         raise TrainError(f"--pause-at {args.pause_at}: expected a multiple of log_every={recipe.log_every} below "
                          f"steps={recipe.steps}")
@@ -146,10 +177,13 @@ def train_target(args: argparse.Namespace) -> int:
         with writing(out):
             tokenizer.save(out)
     torch.manual_seed(recipe.seed)
-    model = TargetLM(cfg, dropout=recipe.dropout).to(recipe.device)  # initialised on the CPU: same on any device
+    if initial is None:
+        initial = TargetLM(cfg, dropout=recipe.dropout)  # initialised on the CPU: the same on any device
+    model = initial.to(recipe.device)
     trainer = Trainer(model, recipe, sampler, windows)
     if state is None:
-        trainer.history.tokenizer_source = str(args.tokenizer or "train_bpe on the train split")
+        trainer.history.tokenizer_source = str(args.tokenizer or args.init_from or "train_bpe on the train split")
+        trainer.history.initial_model = initial_record
     else:
         restore_checkpoint(trainer, state, resume_from)  # logs the step it resumes at
     trainer.history.commands.append(command_line(args))
@@ -179,6 +213,7 @@ def train_target(args: argparse.Namespace) -> int:
         "setup_time_s": setup_s, "resumed_at": trainer.history.resumed_at,
         "final_train_loss": last["train_loss"], "final_val_loss": last["val_loss"],
         "greedy_sample": sample, "intervals": trainer.history.intervals,
+        "initial_model": trainer.history.initial_model,
     }
     with writing(out):
         (out / PROMPTS_FILE).write_text(json.dumps({
@@ -210,5 +245,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_optimizer_options(parser, TARGET_SAVE_DTYPES)
     parser.add_argument("--corpus-dir", type=Path, help="train on the .py/.txt/.md files under this folder instead")
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (or a folder with one) instead of training")
+    parser.add_argument("--init-from", type=Path, help="start from the weights and tokenizer of a model directory "
+                        "train-target wrote (its shape must be the preset's), e.g. to fine-tune the shipped target")
+    parser.add_argument("--unlikelihood-weight", type=float, help="weight of the sequence-level unlikelihood term: "
+                        "each step the model continues prompts greedily and is trained away from the tokens that "
+                        "repeat a 4-gram of its own continuation (default 0: off)")
+    parser.add_argument("--unlikelihood-batch", type=int, help="prompts the unlikelihood term continues, cut from "
+                        "the step's windows (default 8)")
+    parser.add_argument("--unlikelihood-every", type=int, help="add the term every this many steps (a divisor of "
+                        "--log-every; default 1): fewer, larger generations")
     add_run_dir_options(parser)
     parser.set_defaults(func=train_target)

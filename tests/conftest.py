@@ -8,7 +8,9 @@ import contextlib
 import io
 import os
 import pathlib
+import shutil
 import sys
+import sysconfig
 import tarfile
 
 import pytest
@@ -73,6 +75,16 @@ def tiny_target_run(tmp_path_factory):
         code = main(["train-target", "--out", str(out), "--preset", "tiny", "--device", "cpu"])
     assert code == 0, err.getvalue()
     return out, err.getvalue()
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory):
+    """Forty standard-library files: enough for a few steps, quick to tokenize."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    folder = tmp_path_factory.mktemp("corpus")
+    for path in sorted(root.glob("[a-m]*.py"))[:40]:
+        shutil.copy(path, folder / path.name)
+    return folder
 
 
 @pytest.fixture(params=["avx512", "avx2", "generic"])

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import sysconfig
 import time
 import warnings
 from pathlib import Path
@@ -205,16 +203,6 @@ def test_tiny_recipe_learns_and_the_engine_decodes_it(tiny_target_run):
     assert report["greedy_sample"]["distinct_4gram_rate"] == pytest.approx(sum(rates) / len(rates))
 
 
-@pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory):
-    """Forty standard-library files: enough for a few steps, quick to tokenize."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    folder = tmp_path_factory.mktemp("corpus")
-    for path in sorted(root.glob("[a-m]*.py"))[:40]:
-        shutil.copy(path, folder / path.name)
-    return folder
-
-
 def test_resume_continues_exactly(tiny_target_run, small_corpus, tmp_path, capsys):
     common = ["--preset", "tiny", "--device", "cpu", "--tokenizer", str(tiny_target_run[0] / "tokenizer.json"),
               "--corpus-dir", str(small_corpus), "--steps", "12", "--log-every", "3", "--eval-every", "6",
@@ -286,8 +274,10 @@ def showcase_model(device: str) -> TargetLM:
 
 @pytest.mark.cuda
 @needs_cuda
-def test_cuda_training_steps_never_wait_for_the_device():
-    recipe = dataclasses.replace(PRESETS["showcase"], device="cuda")
+@pytest.mark.parametrize("unlikelihood_weight", [0.0, 0.5])
+def test_cuda_training_steps_never_wait_for_the_device(unlikelihood_weight):
+    """A step, with the unlikelihood term's greedy continuations and repeat mask too, queues its work and returns."""
+    recipe = dataclasses.replace(PRESETS["showcase"], device="cuda", unlikelihood_weight=unlikelihood_weight)
     stream = torch.randint(0, 4096, (200_000,), device="cuda")
     trainer = Trainer(showcase_model("cuda"), recipe, WindowSampler(stream, recipe.seq_len, recipe.batch_size, 0),
                       eval_windows(stream.cpu(), recipe.seq_len, 4))

@@ -1,4 +1,4 @@
-"""The drafter's data: the frozen target, and its own continuations of corpus prompts (train split for training,
+"""The drafter's data: the frozen target's own continuations of corpus prompts (train split for training,
 held-out split for validation; greedy, and for recipe.sampled_share of the training sequences sampled at
 recipe.sampled_temperature), generated once per run (before the run directory is touched) and
 kept in it so that a resumed run trains on exactly the same sequences."""
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 
-from engine.loaders.hf_import import read_hf_dir
 from engine.loaders.text import Tokenizer
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.drafter_recipe import DrafterRecipe
@@ -17,21 +16,6 @@ from engine.training.recipe import TrainError
 from engine.training.target_model import TargetLM
 
 SEQUENCES_FILE = "sequences.pt"
-
-
-def load_frozen_target(directory: str | Path, device: str) -> tuple[TargetLM, Tokenizer]:
-    """The target train-target wrote (config.json, model.safetensors, tokenizer.json) as a frozen TargetLM."""
-    ckpt = read_hf_dir(directory)
-    tokenizer = Tokenizer.load(directory)
-    if tokenizer.vocab_size != ckpt.config.vocab_size:
-        raise TrainError(f"{directory}: tokenizer.json has {tokenizer.vocab_size} tokens but config.json "
-                         f"vocab_size={ckpt.config.vocab_size}; the two do not belong together")
-    model = TargetLM(ckpt.config)
-    state = model.state_dict()
-    state.update(dict(ckpt.weights.tensors(device, torch.float32)))
-    model.load_state_dict(state)
-    model.requires_grad_(False)
-    return model.to(device).eval(), tokenizer
 
 
 def _generate(target: TargetLM, tokenizer: Tokenizer, recipe: DrafterRecipe, split: str, num: int) -> torch.Tensor:

@@ -1,14 +1,18 @@
 """The target's training loop (engine/training/trainer.py holds what it shares with the drafter's): next-token
-cross-entropy over sampled windows, DeepSeek-V3's bias balancing after each step, validation on held-out windows."""
+cross-entropy over sampled windows, with the recipe's unlikelihood_weight times the sequence-level unlikelihood of
+the model's own greedy continuations (engine/training/unlikelihood.py) added, DeepSeek-V3's bias balancing after
+each step, validation on held-out windows."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from engine.training.data import WindowSampler
+from engine.training.generate import greedy_generate
 from engine.training.recipe import Recipe
 from engine.training.target_model import TargetLM, update_router_biases
 from engine.training.trainer import TrainerBase
+from engine.training.unlikelihood import repeated_ngram_mask, unlikelihood_loss
 
 
 class Trainer(TrainerBase):
@@ -16,20 +20,49 @@ class Trainer(TrainerBase):
         super().__init__(model, recipe)
         self.model, self.sampler = model, sampler
         self.eval_windows = eval_windows.to(recipe.device)
+        # the unlikelihood term, the share of continuation tokens it penalised and the steps that added it, summed
+        # over the logged interval
+        self.unlikelihood_sums = torch.zeros(3, device=recipe.device)
 
     def train_step(self) -> torch.Tensor:
         batch = self.sampler.batch(self.step)  # [B, T + 1]
         with self.autocast:
             out = self.model(batch[:, :-1])
         loss = F.cross_entropy(out.logits.flatten(0, 1), batch[:, 1:].flatten())
-        self.optimizer_step(loss)
+        total = loss
+        if self.recipe.unlikelihood_weight and self.step % self.recipe.unlikelihood_every == 0:
+            total = loss + self.recipe.unlikelihood_weight * self.unlikelihood(batch)
+        self.optimizer_step(total)
         if out.expert_loads is not None:
             update_router_biases(self.model, out.expert_loads, self.recipe.bias_update_speed)
         self.step += 1
         return loss.detach()
 
+    def unlikelihood(self, batch: torch.Tensor) -> torch.Tensor:
+        """The unlikelihood term of this step: unlikelihood_batch prompts of sample_prompt_len tokens cut from the
+        batch's windows (each window's first piece, then each one's second, ...) continued greedily by the model as it
+        is now (dropout off), then scored with grad."""
+        r = self.recipe
+        per_window = -(-r.unlikelihood_batch // batch.shape[0])  # ceil
+        pieces = batch[:, :per_window * r.sample_prompt_len].view(batch.shape[0], per_window, r.sample_prompt_len)
+        prompts = pieces.transpose(0, 1).reshape(-1, r.sample_prompt_len)[:r.unlikelihood_batch]
+        dtype = "bfloat16" if r.device == "cuda" else "float32"
+        sequences = torch.cat([prompts, greedy_generate(self.model, prompts, r.sample_new_tokens, dtype=dtype)], 1)
+        penalised = repeated_ngram_mask(sequences, r.sample_prompt_len)[:, r.sample_prompt_len:]  # [U, new]
+        with self.autocast:
+            logits = self.model(sequences[:, :-1], logits_from=r.sample_prompt_len - 1).logits  # predict the new
+        term = unlikelihood_loss(logits, sequences[:, r.sample_prompt_len:], penalised)
+        self.unlikelihood_sums += torch.stack([term.detach(), penalised.float().mean(), torch.ones_like(term)])
+        return term
+
     def interval_fields(self) -> dict[str, float]:
-        return {"epoch": round(self.sampler.epochs_at(self.step), 3)}
+        fields = {"epoch": round(self.sampler.epochs_at(self.step), 3)}
+        if self.recipe.unlikelihood_weight:
+            term, share, steps = self.unlikelihood_sums.tolist()
+            term, share = term / steps, share / steps
+            fields |= {"unlikelihood": term, "repeated_share": share}
+            self.unlikelihood_sums.zero_()
+        return fields
 
     def validation(self) -> dict[str, float]:
         return {"val_loss": self.validation_loss()}

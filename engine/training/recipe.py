@@ -57,8 +57,12 @@ class Recipe:
     save_dtype: str = "bfloat16"
     corpus_dir: str | None = None  # None: the Python standard library
     sample_prompts: int = 32  # greedy continuations of held-out prompts at the end (distinct-4-gram rate)
-    sample_prompt_len: int = 32
-    sample_new_tokens: int = 128
+    sample_prompt_len: int = 32  # the prompts' tokens, also those of the unlikelihood term's prompts
+    sample_new_tokens: int = 128  # the continuations' tokens, also those the unlikelihood term generates
+    init_from: str | None = None  # a model directory train-target wrote whose weights start the run; None: fresh
+    unlikelihood_weight: float = 0.0  # of the sequence-level unlikelihood term (engine/training/unlikelihood.py)
+    unlikelihood_batch: int = 8  # prompts it continues greedily, cut from the step's windows (first pieces first)
+    unlikelihood_every: int = 1  # the term joins every this many steps (a multiple of it starts each logged interval)
 
     def __post_init__(self) -> None:
         def need(cond: bool, what: str) -> None:
@@ -66,7 +70,8 @@ class Recipe:
                 raise TrainError(what)
 
         for name in ("steps", "batch_size", "log_every", "eval_every", "eval_windows", "checkpoint_every",
-                     "sample_prompts", "sample_prompt_len", "sample_new_tokens"):
+                     "sample_prompts", "sample_prompt_len", "sample_new_tokens", "unlikelihood_batch",
+                     "unlikelihood_every"):
             value = getattr(self, name)
             need(isinstance(value, int) and value >= 1, f"{name}={value!r}: expected an integer >= 1")
         need(isinstance(self.seq_len, int) and self.seq_len >= 2, f"seq_len={self.seq_len!r}: expected >= 2")
@@ -74,6 +79,16 @@ class Recipe:
         need(self.lr > 0, f"lr={self.lr!r}: expected a learning rate > 0")
         for name in ("min_lr_share", "warmup_share", "dropout"):
             need(0 <= getattr(self, name) < 1, f"{name}={getattr(self, name)!r}: expected a number in [0, 1)")
+        need(self.unlikelihood_weight >= 0, f"unlikelihood_weight={self.unlikelihood_weight!r}: expected >= 0")
+        if self.unlikelihood_weight:
+            pieces = self.batch_size * (self.seq_len // self.sample_prompt_len)
+            need(self.unlikelihood_batch <= pieces,
+                 f"unlikelihood_batch={self.unlikelihood_batch} exceeds the {pieces} prompts of sample_prompt_len="
+                 f"{self.sample_prompt_len} tokens that a step's {self.batch_size} windows of seq_len={self.seq_len} "
+                 "hold; lower --unlikelihood-batch")
+            need(self.log_every % self.unlikelihood_every == 0,
+                 f"unlikelihood_every={self.unlikelihood_every} must divide log_every={self.log_every}, so that a "
+                 "resumed run adds the term at the same steps")
         need(self.weight_decay >= 0 and self.grad_clip > 0 and self.bias_update_speed >= 0,
              "weight_decay and bias_update_speed must be >= 0 and grad_clip > 0")
         need(self.device in ("cpu", "cuda"), f"device={self.device!r}: expected cpu or cuda")

@@ -45,13 +45,15 @@ def autocast_for(device: str) -> contextlib.AbstractContextManager:
 @dataclass
 class History:
     """What the run logged: one entry per interval, the commands that ran it (the first, then each resume),
-    the steps it was resumed at, the wall time spent training, and where its tokenizer came from."""
+    the steps it was resumed at, the wall time spent training, where its tokenizer came from, and the record of
+    the model its weights started from (train-target --init-from), read when the run began."""
 
     intervals: list[dict] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     resumed_at: list[int] = field(default_factory=list)
     wall_s: float = 0.0
     tokenizer_source: str = ""
+    initial_model: dict | None = None
 
 
 class TrainerBase:
