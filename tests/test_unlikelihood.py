@@ -80,7 +80,7 @@ def test_unlikelihood_fine_tune_loops_less_at_the_same_loss(tiny_target_run, sma
     base = tiny_target_run[0]
     plain = fine_tune(capsys, base, small_corpus, tmp_path / "plain")
     ul = fine_tune(capsys, base, small_corpus, tmp_path / "ul", "--unlikelihood-weight", "1",
-                   "--unlikelihood-batch", "12")
+                   "--unlikelihood-batch", "24", "--unlikelihood-every", "2")
     rates = plain["greedy_sample"]["distinct_4gram_rate"], ul["greedy_sample"]["distinct_4gram_rate"]
     assert rates[1] > rates[0] + 0.15, rates
     assert ul["final_val_loss"] < plain["final_val_loss"] + 0.05, (plain["final_val_loss"], ul["final_val_loss"])
