@@ -29,13 +29,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.records import MODES, RunRecord, StepRecord
-from engine.training.ngrams import distinct_ngram_rate
+from engine.training.ngrams import DISTINCT_N, distinct_ngram_rate
 from profiling.capture_data import Capture
 from profiling.divergence import REAL, classify
 from profiling.repeated_text import repeated_steps
 
 STEP = "step"
-DISTINCT_N = 4  # distinct-n of the generated tokens
 
 
 def num_draft_positions(run: RunRecord) -> int:

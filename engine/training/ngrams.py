@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+DISTINCT_N = 4  # the n of the distinct-n rate every report and benchmark prints, and of the repeats training penalises
 
-def distinct_ngram_rate(tokens: Sequence[Sequence[int]], n: int = 4) -> float:
+
+def distinct_ngram_rate(tokens: Sequence[Sequence[int]], n: int = DISTINCT_N) -> float:
     """Distinct n-grams over all n-grams of each row of tokens (a tensor [N, L], or lists of token ids whose lengths
     may differ), averaged over rows: 1.0 never repeats itself, a loop of period p tends to p / (L - n + 1)."""
     rows = tokens.tolist() if hasattr(tokens, "tolist") else [list(r) for r in tokens]

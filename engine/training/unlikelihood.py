@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-REPEAT_N = 4  # the n of the repeated n-grams: the distinct-4-gram rate's n (profiling.metrics.DISTINCT_N)
+from engine.training.ngrams import DISTINCT_N
 
 
-def repeated_ngram_mask(tokens: torch.Tensor, start: int, n: int = REPEAT_N) -> torch.Tensor:
+def repeated_ngram_mask(tokens: torch.Tensor, start: int, n: int = DISTINCT_N) -> torch.Tensor:
     """[B, L] int64 -> [B, L] bool: position t (>= start + n - 1) is True when the n-gram tokens[t-n+1 .. t] also
     ends at an earlier position s >= start + n - 1, i.e. it repeats an n-gram lying wholly in tokens[start:]."""
     if tokens.dim() != 2:
