@@ -26,7 +26,7 @@ from engine.training.checkpointing import load_checkpoint, remove_checkpoints, r
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.data import WindowSampler, eval_windows, token_stream
 from engine.training.export import TARGET_SAVE_DTYPES, save_hf_dir
-from engine.training.generate import distinct_ngram_rate, greedy_generate
+from engine.training.generate import distinct_ngram_rate, generation_dtype, greedy_generate
 from engine.training.loop import Trainer
 from engine.training.progress import Progress
 from engine.training.recipe import PRESETS, Recipe, TrainError
@@ -120,8 +120,7 @@ def _sample(model: TargetLM, recipe: Recipe, prompts: torch.Tensor, tokenizer: T
     prompts in (first the one whose continuation repeats itself least, the default prompt, then the rest as drawn),
     and that first one as text."""
     prompts = prompts.to(recipe.device)
-    dtype = "bfloat16" if recipe.device == "cuda" else "float32"
-    tokens = greedy_generate(model, prompts, recipe.sample_new_tokens, dtype=dtype).tolist()
+    tokens = greedy_generate(model, prompts, recipe.sample_new_tokens, dtype=generation_dtype(recipe.device)).tolist()
     rates = [distinct_ngram_rate([row], 4) for row in tokens]
     best = max(range(len(rates)), key=lambda i: (rates[i], -i))
     order = [best] + [i for i in range(len(rates)) if i != best]

@@ -11,7 +11,7 @@ import torch
 from engine.loaders.text import Tokenizer
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.drafter_recipe import DrafterRecipe
-from engine.training.generate import distinct_ngram_rate, greedy_generate, sample_generate
+from engine.training.generate import distinct_ngram_rate, generation_dtype, greedy_generate, sample_generate
 from engine.training.recipe import TrainError
 from engine.training.target_model import TargetLM
 
@@ -26,7 +26,7 @@ def _generate(target: TargetLM, tokenizer: Tokenizer, recipe: DrafterRecipe, spl
     prompts = torch.from_numpy(draw_prompts(corpus, tokenizer, num, recipe.prompt_len, seed, split,
                                             advice="use a --corpus-dir with more text, or fewer --num-sequences"))
     prompts = prompts.to(recipe.device)
-    dtype = "bfloat16" if recipe.device == "cuda" else "float32"
+    dtype = generation_dtype(recipe.device)
     num_sampled = round(num * recipe.sampled_share) if split == "train" else 0
     parts = []
     if num_sampled:

@@ -12,6 +12,11 @@ from engine.training.target_model import KVCache, TargetLM
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 
+def generation_dtype(device: str) -> str:
+    """The dtype the training code generates in on a device: bf16 autocast on CUDA, as it trains; float32 elsewhere."""
+    return "bfloat16" if device == "cuda" else "float32"
+
+
 def greedy_generate(model: TargetLM, prompts: torch.Tensor, num_new: int, batch_size: int = 1024,
                     dtype: str = "float32") -> torch.Tensor:
     """prompts [N, P] int64 on the model's device -> the greedy continuation [N, num_new] int64: token j is the

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.training.data import WindowSampler
-from engine.training.generate import greedy_generate
+from engine.training.generate import generation_dtype, greedy_generate
 from engine.training.recipe import Recipe
 from engine.training.target_model import TargetLM, update_router_biases
 from engine.training.trainer import TrainerBase
@@ -46,8 +46,8 @@ class Trainer(TrainerBase):
         per_window = -(-r.unlikelihood_batch // batch.shape[0])  # ceil
         pieces = batch[:, :per_window * r.sample_prompt_len].view(batch.shape[0], per_window, r.sample_prompt_len)
         prompts = pieces.transpose(0, 1).reshape(-1, r.sample_prompt_len)[:r.unlikelihood_batch]
-        dtype = "bfloat16" if r.device == "cuda" else "float32"
-        sequences = torch.cat([prompts, greedy_generate(self.model, prompts, r.sample_new_tokens, dtype=dtype)], 1)
+        continuations = greedy_generate(self.model, prompts, r.sample_new_tokens, dtype=generation_dtype(r.device))
+        sequences = torch.cat([prompts, continuations], 1)
         penalised = repeated_ngram_mask(sequences, r.sample_prompt_len)[:, r.sample_prompt_len:]  # [U, new]
         with self.autocast:
             logits = self.model(sequences[:, :-1], logits_from=r.sample_prompt_len - 1).logits  # predict the new
