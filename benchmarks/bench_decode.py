@@ -16,7 +16,10 @@ what the drafter costs, its share of the step ("draft" + "draft_update"), not wh
 two-layer target that share is far larger than beside Kimi-K2.5's 61 layers. Each decoder is timed as
 benchmarks/decode_steps.py says: eagerly, as CUDA-graph replays, and with the stage timers on for the shares; a
 fresh decoder's few steps with their records on count the bytes each stage reads, so each stage's time also shows
-against its own floor at the copy bandwidth (benchmarks/stage_floors.py, profiling/stage_floor.py).
+against its own floor at the copy bandwidth (benchmarks/stage_floors.py, profiling/stage_floor.py). The chain row's
+drafter, once its eager decode ran, also times its forward and its context update each captured alone as a CUDA
+graph, against the "draft" and "draft_update" floors (its JSON row's drafter_{forward,update}_{graph_ms,floor_ms,
+over_floor}: None on the CPU; bench_moe's drafter table prints them).
 
     python -m benchmarks.bench_decode [--device cuda|cpu] [--quick] [--out DIR]
 """
@@ -42,8 +45,8 @@ from benchmarks.common import (
     text_table,
     write_results,
 )
-from benchmarks.decode_steps import STAGES, Plan, measure_decoder
-from benchmarks.stage_floors import add_stage_floors, floor_columns, recorded_stage_bytes
+from benchmarks.decode_steps import STAGES, Plan, drafter_replays, measure_decoder
+from benchmarks.stage_floors import add_drafter_part_floors, add_stage_floors, floor_columns, recorded_stage_bytes
 from engine.config import DecodeConfig, ModelConfig
 from engine.decoding.auto_budget import AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, DDTreeDecoder, Decoder
@@ -135,8 +138,9 @@ def dflash_rows(model: TargetModel, prompt: list[int], plan: Plan, decode_cfg: C
                 cuda: bool, extra: Callable[[Callable[[bool], Decoder]], dict] | None = None
                 ) -> tuple[DFlashConfig, list[dict]]:
     """The learned drafter's chain row and one DDTree row per budget; each decoder gets a drafter of its own (the
-    drafter keeps the decode's context), all over one set of random weights. extra(make) adds fields to a row
-    (bench_moe: the experts a fresh decoder's verifies touch)."""
+    drafter keeps the decode's context), all over one set of random weights. The chain row also times its drafter's
+    forward and context update as CUDA-graph replays once its eager decode ran (decode_steps.drafter_replays).
+    extra(make) adds fields to a row (bench_moe: the experts a fresh decoder's verifies touch)."""
     layout = dflash_layout(model.cfg, plan)
     weights = DFlashWeights.from_tensors(layout, random_tensors(layout, 0, model.device, model.dtype))
 
@@ -155,13 +159,16 @@ def dflash_rows(model: TargetModel, prompt: list[int], plan: Plan, decode_cfg: C
                else budget, "noise": None, "drafter": "dflash"}
         build = functools.partial(make, mode, budget or 0)
         window = plan.auto_tokens if mode == "auto" else 0
-        rows.append(guarded(key, lambda key=key, build=build, window=window: {
-            **key, **measure_decoder(build, plan, cuda, window), **(extra(build) if extra else {})}))
+        parts = drafter_replays if mode == "chain" else None
+        rows.append(guarded(key, lambda key=key, build=build, window=window, parts=parts: {
+            **key, **measure_decoder(build, plan, cuda, window, parts), **(extra(build) if extra else {})}))
         if "error" not in rows[-1]:
             share = rows[-1]["stage_share"]["drafter"]
             where = f" B={budget}" if budget is not None else ""
+            graphs = "".join(f", {part} graph {rows[-1][f'drafter_{part}_graph_ms']:.3f} ms"
+                             for part in ("forward", "update") if rows[-1].get(f"drafter_{part}_graph_ms"))
             print(f"  dflash {key['mode']}{where}: eager {rows[-1]['eager_step_ms']:.3f} ms/step, drafter "
-                  f"{share:.1%} of the step", flush=True)
+                  f"{share:.1%} of the step{graphs}", flush=True)
     return layout, rows
 
 
@@ -269,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {"model_name": "tiny" if args.quick else "k2-mini", "model": cfg.to_dict(), "plan": asdict(plan),
                **run_decode(cfg, plan, device, dtype)}
     add_stage_floors(results["rows"], info.ceilings.copy_tbps * 1e12)
+    add_drafter_part_floors(results["rows"])
     results["ar_floor_ms"] = results["rows"][0].get("floor_ms")
     rows = [{**row, **{f"share_{k}": v for k, v in row.get("stage_share", {}).items()}} for row in results["rows"]]
     setup = (f"{results['model_name']}, {info.ceilings.dtype}, prompt {plan.prompt_len} tokens (prefill "

@@ -16,8 +16,13 @@ on, for the routed experts
 each verify touched per MoE layer (StepRecord.experts) and the prefix length: each stage's floor is the bytes it
 must read (profiling/stage_floor.py: the verify every weight once, the embedding's N rows, the routed experts as
 touched x one expert's bytes, N + prefix_len latent cache rows per layer; the drafter its weights, the target's
-lm_head and its context rows) at the measured copy bandwidth, and a step's floor is its stages' sum. Uniform routing
-would touch E (1 - (1 - k/E)^(B+1)) experts: the "uniform" column. The "moe layer" table times one MoE layer's
+lm_head and its context rows) at the measured copy bandwidth, and a step's floor is its stages' sum. The drafter
+table sets each DFlash row's drafter (forward + context update, stage-timed) against its floor and as a share of the
+step, measured and at Kimi-K2's 61 layers (stage_floors.add_drafter_shares); beside it the chain row's two drafter
+parts, each captured alone as a CUDA graph on the chain's eager decoder once its decode ran (the cache holds its
+context) and replayed (decode_steps.drafter_replays: block_logprobs; write_context of the L + 1 rows a commit
+writes, at the valid length), each against its stage's floor ("draft", "draft_update"); "-" on the CPU. Uniform
+routing would touch E (1 - (1 - k/E)^(B+1)) experts: the "uniform" column. The "moe layer" table times one MoE layer's
 routed experts alone at N tokens (CUDA-graph replays on a GPU): sparse through the engine's grouped matmul
 (engine/model/moe.py grouped_matmul: ours on an H100/H200) and through torch._grouped_mm, and the dense all-experts
 reference, each against the floor of the weights it reads.
@@ -289,7 +294,8 @@ STEP_COLUMNS = [
 FLOOR_COLUMNS = floor_columns([Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"),
                                Column("noise", "noise", "{:g}")])
 DRAFTER_COLUMNS = drafter_columns([Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}")])
-DRAFTER_TABLE = "the drafter against its floor, and its share at Kimi-K2's depth (stage timers on)"
+DRAFTER_TABLE = ("the drafter against its floor, and its share at Kimi-K2's depth (stage timers on; the chain's "
+                 "forward and update alone as CUDA-graph replays)")
 PARALLEL_STEP_COLUMNS = [c for c in STEP_COLUMNS if "floor" not in c.key] + [Column("comm_share", "comm", "{:.1%}")]
 EXPERT_COLUMNS = [
     Column("mode", "mode"), Column("drafter", "drafter"), Column("budget", "B", "{}"), Column("noise", "noise", "{:g}"),

@@ -129,10 +129,12 @@ def time_calls(fn: Callable[[Any], object], sets: Sequence[Any], device: torch.d
     return time_events(fn, sets, budget) if device.type == "cuda" else time_wall(fn, sets, device, budget)
 
 
-def time_replays(fn: Callable[[Any], object], sets: Sequence[Any], budget: Budget) -> Timing | None:
-    """Device time per call from CUDA-graph replays (one replay = one call per input set, at least
-    MIN_GRAPH_CALLS calls). None, with a note printed, if fn cannot be captured."""
-    num_calls = max(len(sets), MIN_GRAPH_CALLS)
+def time_replays(fn: Callable[[Any], object], sets: Sequence[Any], budget: Budget,
+                 num_calls: int | None = None) -> Timing | None:
+    """Device time per call from CUDA-graph replays (one replay = num_calls calls, by default one per input set and
+    at least MIN_GRAPH_CALLS; 1: the call captured alone, its replay's launch included). None, with a note printed,
+    if fn cannot be captured."""
+    num_calls = num_calls or max(len(sets), MIN_GRAPH_CALLS)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch advises before a capture

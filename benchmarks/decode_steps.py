@@ -1,7 +1,8 @@
 """How bench_decode measures one decoder: eager steps timed with CUDA events (perf_counter on the CPU), steps with
 the stage timers on for each stage's share, and CUDA-graph replays on a second decoder; the tokens each one
-committed, for the greedy-exact check. The steps run through the decoder's device path (Decoder.advance /
-capture_graph): the per-step record is host bookkeeping outside what is measured."""
+committed, for the greedy-exact check; and a DFlash drafter's forward and context update, each captured alone as a
+CUDA graph on the first decoder once its decode ran (drafter_replays). The steps run through the decoder's device
+path (Decoder.advance / capture_graph): the per-step record is host bookkeeping outside what is measured."""
 from __future__ import annotations
 
 import re
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from benchmarks.common import guarded
+from benchmarks.common import Budget, guarded, time_replays
 from engine.decoding.budget import choose, confidence_prior, learn_confidence
 from engine.decoding.decoder import Decoder
 from engine.timers import StepTimer
@@ -20,6 +21,7 @@ from kernels import ops
 from kernels.graph_switch import graph_switch, side_stream
 
 CHUNK = 16  # steps timed between two reads of the committed count, past num_steps
+DRAFTER_REPLAYS = Budget(warmup=3, min_reps=30, max_reps=30, target_ms=0.0)  # a drafter part's replays: the median
 
 STAGES = {  # table column -> collapsed StepTimer range names whose times add up to it
     "draft": ["step/draft"], "draft_update": ["step/draft_update"], "drafter": ["step/draft", "step/draft_update"],
@@ -193,17 +195,42 @@ def choice_cost_us(device: torch.device, buckets: tuple[int, ...], num_depths: i
     return (ms[1] - ms[0]) / (num_reps * steps) * 1e3
 
 
+def drafter_replays(dec: Decoder) -> dict:
+    """A DFlash decoder's drafter after its decode ran (its cache holds the decode's context), its two parts each
+    captured alone as a CUDA graph: ms per replay, the median of DRAFTER_REPLAYS's. The forward is block_logprobs of
+    a root; the context update write_context of the L + 1 rows a commit writes (random target states of the
+    concatenated width) at the valid length, which it does not move. None on the CPU or where a capture fails."""
+    model = dec.drafter.model
+    out = {"drafter_forward_graph_ms": None, "drafter_update_graph_ms": None}
+    if model.length.device.type != "cuda":
+        return out
+    cfg, device = model.cfg, model.length.device
+    root = torch.zeros((), dtype=torch.int64, device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    hidden = torch.randn(model.num_draft_positions + 1, len(cfg.target_layer_ids) * cfg.hidden_size, generator=gen,
+                         device=device, dtype=model.w.dtype)  # [L + 1, ids * d]
+    parts = {"forward": lambda _: model.block_logprobs(root),
+             "update": lambda _: model.write_context(hidden, model.length)}
+    for part, fn in parts.items():
+        timing = time_replays(fn, [None], DRAFTER_REPLAYS, num_calls=1)
+        out[f"drafter_{part}_graph_ms"] = None if timing is None else timing.median_us / 1e3
+    return out
+
+
 def committed(dec: Decoder) -> list[int]:
     return dec.generated[: int(dec.num_generated)].cpu().tolist()
 
 
-def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool, min_tokens: int = 0) -> dict:
+def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool, min_tokens: int = 0,
+                    after_eager: Callable[[Decoder], dict] | None = None) -> dict:
     """Eager + profiled steps on one decoder, graph replays on a second (CUDA only), each timed until it committed
     min_tokens (an auto budget's window); the tokens each committed, and an auto budget's choices over the last
-    timed window. A failed graph capture leaves the eager numbers standing (graph_error says why)."""
+    timed window. A failed graph capture leaves the eager numbers standing (graph_error says why). after_eager(dec)
+    adds fields from the first decoder once its steps ran (dflash_rows: drafter_replays)."""
     dec = make(False)
     eager, stage_ms, policy = eager_and_profile(dec, plan, min_tokens)
     generated = [committed(dec)]
+    inspected = after_eager(dec) if after_eager else {}
     del dec
     graph, graph_error = None, None
     if cuda:
@@ -221,4 +248,5 @@ def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool, min
         "eager_tokens_per_s": eager.tokens_per_s, "graph_tokens_per_s": graph.tokens_per_s if graph else None,
         "profiled_step_ms": step_ms, "stage_ms": stage_ms, "policy": policy,
         "stage_share": {col: sum(stage_ms.get(n, 0.0) for n in names) / step_ms for col, names in STAGES.items()},
+        **inspected,
     }

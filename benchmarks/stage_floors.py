@@ -1,6 +1,7 @@
 """bench_decode's and bench_moe's stage floors: each row's stages (timed with the stage timers on) against the bytes
 each must read (profiling/stage_floor.py), counted over a few steps of a fresh decoder with its records on (the
-routed experts each verify touched, the prefix length, the tree), at the copy bandwidth measured in the run."""
+routed experts each verify touched, the prefix length, the tree), at the copy bandwidth measured in the run; and the
+DFlash drafter's forward and context update, timed alone as graph replays, against the floors of their stages."""
 from __future__ import annotations
 
 import re
@@ -66,7 +67,8 @@ def add_drafter_shares(rows: list[dict], cfg, num_layers: int = KIMI_K2_LAYERS) 
     """Each drafting row's drafter (its forward and its context update, stage-timed) against its own bytes floor,
     as a share of the measured step, and as a share of the step of a num_layers-deep model extrapolated from the
     per-layer stage times (attention per layer, the dense MLP and the MoE layers each at their own mean; the
-    rest of the step as measured): beside a shallow target the drafter's share is inflated."""
+    rest of the step as measured): beside a shallow target the drafter's share is inflated. The chain row's drafter
+    parts timed as graph replays also get their floors (add_drafter_part_floors)."""
     num_dense = cfg.first_k_dense_replace
     num_moe = cfg.num_hidden_layers - num_dense
     for row in rows:
@@ -85,6 +87,20 @@ def add_drafter_shares(rows: list[dict], cfg, num_layers: int = KIMI_K2_LAYERS) 
                    drafter_share=drafter / times["step"], full_depth_step_ms=times["step"] - measured_layers
                    + full_layers)
         row["drafter_share_full_depth"] = drafter / row["full_depth_step_ms"]
+    add_drafter_part_floors(rows)
+
+
+DRAFTER_PARTS = {"forward": "draft", "update": "draft_update"}  # a part timed alone -> the stage whose floor it has
+
+
+def add_drafter_part_floors(rows: list[dict]) -> None:
+    """The rows whose drafter parts were timed as CUDA-graph replays (decode_steps.drafter_replays: the chain row;
+    None on the CPU): each part against its stage's floor (add_stage_floors), and time / floor."""
+    for row in (r for r in rows if "drafter_forward_graph_ms" in r):
+        for part, stage in DRAFTER_PARTS.items():
+            floor = row.get(f"floor_ms_{stage}")
+            row[f"drafter_{part}_floor_ms"] = floor
+            row[f"drafter_{part}_over_floor"] = over_floor(row[f"drafter_{part}_graph_ms"], floor)
 
 
 def _layers_ms(ranges_ms: dict[str, float], part: str) -> float:
@@ -93,8 +109,13 @@ def _layers_ms(ranges_ms: dict[str, float], part: str) -> float:
 
 
 def drafter_columns(key_columns: Sequence[Column]) -> list[Column]:
+    """The stage-timed drafter, its parts as graph replays (the chain row), each against its floor, and the shares."""
+    parts = [Column(f"drafter_{part}_{key}", f"{part} {header}", fmt) for part in DRAFTER_PARTS
+             for key, header, fmt in (("graph_ms", "graph ms", "{:.3f}"), ("floor_ms", "floor ms", "{:.3f}"),
+                                      ("over_floor", "x", "{:.2f}"))]
     return [*key_columns, Column("drafter_ms", "drafter ms", "{:.3f}"),
             Column("drafter_floor_ms", "drafter floor ms", "{:.3f}"), Column("drafter_over_floor", "x", "{:.2f}"),
+            *parts,
             Column("drafter_share", "share of the step", "{:.1%}"),
             Column("full_depth_step_ms", f"{KIMI_K2_LAYERS}-layer step ms", "{:.2f}"),
             Column("drafter_share_full_depth", f"share at {KIMI_K2_LAYERS} layers", "{:.1%}")]

@@ -72,8 +72,9 @@ linear_rows(x [M, G, K], packed, out_features N, group_ends=None) -> out [M, G, 
 rms_norm_rows(x [M, D], weight [D], eps) -> y [M, D] (x's dtype).
   y = x * rsqrt(mean(x^2) + eps) * weight in float32, rounded once; x float32 or bfloat16 with contiguous rows,
   weight x's dtype or float32. Every row's sum of squares is reduced in an order fixed by D alone (the CPU: one
-  chain in column order; CUDA: a block per row, 256 strided chains folded by a fixed tree), so a row's bits are the
-  same whatever M: the batch-invariant mode's norm, one launch.
+  chain in column order; CUDA: a block per row, 256 chains (of 16-byte vectors where D allows) folded by a fixed
+  tree), so a row's bits are the same whatever M: the batch-invariant mode's norm, one launch (on CUDA every
+  mode's: engine/model/layers.py rms_norm).
 expert_rows(x [N, H], idx [N, k] i64, num_experts E in 1..8191) -> rows [N k, H] (x's dtype), slots [N, k] i64,
             group_ends [E] i32.
   The routed rows grouped by expert: assignment (n, r) (expert idx[n, r]) gets row slots[n, r] of rows, a copy of
@@ -87,6 +88,22 @@ expert_combine(out [M, H], slots [N, k] i64, weights [N, k] f32, group_ends [E] 
   at or past group_ends[E - 1] (an assignment to no expert here, whose row was never computed) adds nothing. A
   token's result depends on its own rows alone (the batch-invariant mode takes it as it is). On the CPU a negative
   slot or a group_ends[E - 1] outside [0, M] raises; CUDA skips slots outside [0, min(M, group_ends[E - 1])).
+
+cache_attn(q [N, Hq, D], keys [S, Hkv, D], values [S, Hkv, D], num_visible, scale) -> out [N, Hq, D] (q's dtype).
+  Grouped-query attention over a cache's valid rows, the DFlash drafter's: query head h reads key/value head
+  h // (Hq / Hkv); every node sees cache rows u < num_visible (num_visible in [1, S]) and no other, with
+  score = scale * q[n, h] . keys[u, h // G] and out = the softmax-weighted sum of values[u, h // G]. keys and
+  values contiguous, q's heads contiguous (its nodes at any stride), float32 or bfloat16 alike; out contiguous.
+  CUDA bfloat16 with D in {32, 64, 128} on sm_80+: a tensor-core kernel, the valid rows split into chunks over the
+  grid and the chunks merged in float32 (csrc/cuda/cache_attn.cuh); everything else, and the CPU: torch's
+  scaled_dot_product_attention with a mask built from num_visible on the device (csrc/cache_attn_torch.h). A
+  captured CUDA graph serves every num_visible; CUDA clamps it into [1, S].
+head_norm_rope(x [M, H, D], weight [H, D], cos [M, D/2] f32, sin [M, D/2] f32, eps) -> y [M, H, D] (x's dtype).
+  Each head's RMSNorm, then its rotate-half RoPE (dims j and j + D/2 a pair), in float32, rounded once:
+  u = x * rsqrt(mean(x^2) + eps) * weight[h]; y[j] = u[j] cos[m, j] - u[j + D/2] sin[m, j], y[j + D/2] =
+  u[j + D/2] cos[m, j] + u[j] sin[m, j]. x float32 or bfloat16 with contiguous heads (its rows at any stride, so
+  a slice of a fused projection's output goes in as it is), D even and at most 512; weight x's dtype or float32.
+  The DFlash drafter's q_norm / k_norm and RoPE in one launch (CUDA: a warp per head).
 
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
 depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0) raise on the CPU. The CUDA ops cannot
@@ -226,6 +243,16 @@ def expert_combine(out: Tensor, slots: Tensor, weights: Tensor, group_ends: Tens
     return _ops().expert_combine(out, slots, weights, group_ends)
 
 
+def cache_attn(q: Tensor, keys: Tensor, values: Tensor, num_visible: Tensor, scale: float) -> Tensor:
+    """Attention of q [N, Hq, D] over the first num_visible rows of the keys and values [S, Hkv, D]: [N, Hq, D]."""
+    return _ops().cache_attn(q, keys, values, num_visible, scale)
+
+
+def head_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
+    """RMSNorm of each head of x [M, H, D] by weight [H, D], then the rotate-half RoPE at cos, sin [M, D/2]."""
+    return _ops().head_norm_rope(x, weight, cos, sin, eps)
+
+
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
     num_nodes = budget + 1
     index = draft_logprobs.new_empty((num_nodes,), dtype=torch.int64)
@@ -276,6 +303,14 @@ def _expert_combine_fake(out, slots, weights, group_ends):
     return out.new_empty((slots.shape[0], out.shape[1]))
 
 
+def _cache_attn_fake(q, keys, values, num_visible, scale):
+    return q.new_empty(q.shape)
+
+
+def _head_norm_rope_fake(x, weight, cos, sin, eps):
+    return x.new_empty(x.shape)
+
+
 @functools.cache
 def _register_fakes() -> None:
     for name, fake in (("tree_build", _tree_build_fake), ("verify_attn", _verify_attn_fake),
@@ -283,7 +318,8 @@ def _register_fakes() -> None:
                        ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake),
                        ("linear_rows", _linear_rows_fake), ("rms_norm_rows", _rms_norm_rows_fake),
                        ("expert_rows", _expert_rows_fake),
-                       ("expert_combine", _expert_combine_fake)):
+                       ("expert_combine", _expert_combine_fake), ("cache_attn", _cache_attn_fake),
+                       ("head_norm_rope", _head_norm_rope_fake)):
         torch.library.register_fake(f"ddtree::{name}", fake)
 
 

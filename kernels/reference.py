@@ -190,3 +190,24 @@ def expert_combine(out: Tensor, slots: Tensor, weights: Tensor, group_ends: Tens
     rows = out.double()[slots.clamp(0, max(out.shape[0] - 1, 0))]  # [N, k, H]
     return torch.where(held, rows * weights.double()[..., None], 0.0).sum(1).to(out.dtype)
 
+
+
+def cache_attn(q: Tensor, keys: Tensor, values: Tensor, num_visible: Tensor, scale: float) -> Tensor:
+    """Every query head against its key/value head's first num_visible rows, one head at a time in float64."""
+    visible = int(num_visible)
+    groups = q.shape[1] // keys.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for h in range(q.shape[1]):
+        k, v = keys[:visible, h // groups].double().cpu(), values[:visible, h // groups].double().cpu()
+        weights = torch.softmax(scale * q[:, h].double().cpu() @ k.T, dim=-1)  # [N, visible]
+        out[:, h] = weights @ v
+    return out.to(q.device, q.dtype)
+
+
+def head_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
+    """Each head's RMSNorm, then rotate-half RoPE, in float64, in x's dtype."""
+    x64 = x.double()
+    u = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    first, second = u.chunk(2, dim=-1)
+    c, s = cos.double()[:, None], sin.double()[:, None]
+    return torch.cat([first * c - second * s, second * c + first * s], dim=-1).to(x.dtype)

@@ -103,6 +103,20 @@ def test_bench_moe_prints_the_drafter_against_its_floor_and_at_kimi_k2_depth(moe
         assert r["drafter_floor_ms"] == pytest.approx(r["floor_ms_draft"] + r.get("floor_ms_draft_update", 0.0))
 
 
+def test_bench_moe_sets_the_chains_drafter_parts_as_graph_replays_beside_their_floors(moe_run):
+    """The chain row's drafter forward and context update, each timed alone as CUDA-graph replays: no graphs on the
+    CPU, so their times and ratios are None ("-"), their floors the "draft" and "draft_update" stages'."""
+    stdout, data, _ = moe_run
+    header = stdout.split(f"{DRAFTER_TABLE}\n")[1].splitlines()[0]
+    for part in ("forward", "update"):
+        assert all(f"{part} {h}" in header for h in ("graph ms", "floor ms", "x"))
+    chain = next(r for r in data["rows"] if r["mode"] == "chain")
+    for part, stage in (("forward", "draft"), ("update", "draft_update")):
+        assert chain[f"drafter_{part}_graph_ms"] is None and chain[f"drafter_{part}_over_floor"] is None
+        assert chain[f"drafter_{part}_floor_ms"] == chain[f"floor_ms_{stage}"] > 0
+    assert not any("drafter_forward_graph_ms" in r for r in data["rows"] if r["mode"] != "chain")
+
+
 def test_kimi_k2_layers_fill_the_budget_and_no_more():
     layers = layers_that_fit(MODEL_BYTES, 2)
     assert model_bytes(kimi_k2(layers), 2) <= MODEL_BYTES < model_bytes(kimi_k2(layers + 1), 2)

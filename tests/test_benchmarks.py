@@ -125,6 +125,9 @@ def test_bench_decode_quick_cpu(decode_run):
     # be a back-off's draft-free AR steps, which leave the drafter alone
     learned = [r for r in rows if r["drafter"] == "dflash" and r["budget"] != "auto"]
     assert all(r["stage_share"]["draft"] > 0 and r["stage_share"]["draft_update"] > 0 for r in learned)
+    chain = next(r for r in rows if r["mode"] == "chain")  # its drafter's parts as graph replays: none on the CPU
+    assert chain["drafter_forward_graph_ms"] is None and chain["drafter_update_over_floor"] is None
+    assert chain["drafter_forward_floor_ms"] == chain["floor_ms_draft"] > 0
     layout = data["dflash"]
     assert layout["num_hidden_layers"] == plan["dflash_layers"] and layout["block_size"] == plan["dflash_block_size"]
     assert layout["target_layer_ids"] == list(range(data["model"]["num_hidden_layers"]))

@@ -1,5 +1,6 @@
 """The dflash drafter on CUDA: its drafts against the numpy golden model, the whole step with no host
-synchronisation, CUDA-graph replay giving the eager step's tokens, and bfloat16 decodes equal to bfloat16 AR."""
+synchronisation, CUDA-graph replay giving the eager step's tokens, bfloat16 decodes equal to bfloat16 AR, and
+bfloat16 drafts through the fused kernels against float32's."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +13,7 @@ from engine.decoding.session import decode, make_decoder
 from engine.drafters import DrafterSpec
 from engine.model import dflash_reference as dflash_reference
 from engine.model import reference
+from engine.model.dflash import DFlashModel, DFlashWeights
 from engine.model.dflash_fixtures import make_dflash_dir, random_tensors
 from engine.model.target import TargetModel
 
@@ -82,3 +84,20 @@ def test_bf16_dflash_decodes_equal_bf16_ar(tiny_checkpoint, drafter_dir):
     for mode in ("chain", "ddtree"):
         run = decode(tiny_checkpoint, prompt, cfg, mode, spec, model=model)
         assert run.tokens == ar.tokens and run.drafter["name"] == "dflash"
+
+
+def test_bfloat16_drafts_through_the_fused_kernels_match_float32(tiny_checkpoint):
+    """head_dim 64: ops.cache_attn's tensor-core kernel and ops.head_norm_rope's warp kernel, in bfloat16 on the GPU,
+    draft what the float32 forward on the CPU drafts, within bfloat16's rounding, over 300 context rows."""
+    cfg = small_layout(tiny_checkpoint.config, num_attention_heads=8, num_key_value_heads=2, head_dim=64)
+    tensors = random_tensors(cfg, SEED)
+    hidden = torch.randn(300, cfg.num_context_features, generator=torch.Generator().manual_seed(SEED))
+    probs = []
+    for device, dtype in (("cpu", torch.float32), ("cuda", torch.bfloat16)):
+        target = TargetModel.from_checkpoint(tiny_checkpoint, device, str(dtype).removeprefix("torch."))
+        weights = DFlashWeights.from_tensors(cfg, {n: t.to(device, dtype) for n, t in tensors.items()})
+        model = DFlashModel(cfg, weights, target.embed, target.lm_head, 7, capacity=400)
+        model.write_context(hidden.to(device, dtype), 0)
+        model.length.fill_(300)
+        probs.append(model.block_logprobs(torch.tensor(5, device=device)).exp().cpu())
+    assert (probs[0] - probs[1]).abs().max() < 0.05

@@ -9,8 +9,8 @@ both ways); GQA; SwiGLU MLP; residuals. Output: the block's last L rows -> the d
 lm_head -> float32 log-softmax [L, V].
 
 Everything runs on device tensors with static shapes: the cache has a fixed capacity, the number of valid rows
-is a 0-dim device tensor, and rows at or past it are masked out. No method reads a device value on the host,
-so a decode step with this drafter captures as one CUDA graph.
+is a 0-dim device tensor, and the attention (kernels/ops.py cache_attn) reads the rows before it alone. No method
+reads a device value on the host, so a decode step with this drafter captures as one CUDA graph.
 """
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ import torch.nn.functional as F
 
 from engine.loaders.dflash_config import DFlashConfig
 from engine.loaders.dflash_tensors import LAYER_TENSORS
-from engine.model.dflash_layers import context_features, draft_layer, fused_layer, keys_values
-from engine.model.layers import rms_norm
+from engine.model.dflash_layers import QK_NORM, cached_draft_layer, context_features, fused_layer, head_norms
+from engine.model.layers import fused_rows, rms_norm
 from engine.model.rope import cos_sin
+from kernels import ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +34,24 @@ class DFlashWeights:
     fc: torch.Tensor  # [d, len(target_layer_ids) * d]
     hidden_norm: torch.Tensor  # [d]
     norm: torch.Tensor  # [d]
-    layers: tuple[dict[str, torch.Tensor], ...]  # per draft layer: its tensors as fused_layer makes them
+    layers: tuple[dict[str, torch.Tensor], ...]  # per draft layer: its tensors as fused_layer makes them, and QK_NORM
+    context_kv: torch.Tensor  # [2 layers Hkv D, d]: every layer's k_proj rows, then every layer's v_proj rows
+    context_k_norm: torch.Tensor  # [layers Hkv, D]: each layer's k_norm, once per key head
 
     @classmethod
     def from_tensors(cls, cfg: DFlashConfig, tensors: dict[str, torch.Tensor]) -> DFlashWeights:
-        layers = tuple(fused_layer({name: tensors[f"layers.{i}.{name}"] for name, _ in LAYER_TENSORS})
-                       for i in range(cfg.num_hidden_layers))
-        return cls(tensors["fc.weight"], tensors["hidden_norm.weight"], tensors["norm.weight"], layers)
+        """The checkpoint's tensors, fused once: a layer's q/k/v and gate/up (fused_layer) and its query and key
+        norms (head_norms); the k and v projections of every layer stacked (the context update runs them all as one
+        matmul: the same context features go into each)."""
+        layers = []
+        for i in range(cfg.num_hidden_layers):
+            layer = fused_layer({name: tensors[f"layers.{i}.{name}"] for name, _ in LAYER_TENSORS})
+            layers.append({**layer, QK_NORM: head_norms(cfg, layer)})
+        kv_rows = [tensors[f"layers.{i}.self_attn.{part}_proj.weight"] for part in "kv"
+                   for i in range(cfg.num_hidden_layers)]
+        k_norms = [layer[QK_NORM][cfg.num_attention_heads:] for layer in layers]
+        return cls(tensors["fc.weight"], tensors["hidden_norm.weight"], tensors["norm.weight"], tuple(layers),
+                   fused_rows(*kv_rows), torch.cat(k_norms))
 
     @property
     def device(self) -> torch.device:
@@ -64,7 +76,6 @@ class DFlashModel:
         self.keys = torch.zeros(shape, device=dev, dtype=dtype)  # [layers, S, Hkv, D], k_norm and RoPE applied
         self.values = torch.zeros(shape, device=dev, dtype=dtype)  # [layers, S, Hkv, D]
         self.length = torch.zeros((), dtype=torch.int64, device=dev)  # valid context rows
-        self.rows = torch.arange(capacity, device=dev)
         self.block = torch.arange(num_draft_positions + 1, device=dev)  # offsets of the block's rows
         self.mask_tokens = torch.full((num_draft_positions,), cfg.mask_token_id, dtype=torch.int64, device=dev)
         # positions 0 .. capacity + L: the block may sit past the last context row
@@ -78,15 +89,19 @@ class DFlashModel:
 
     def write_context(self, hidden: torch.Tensor, start: torch.Tensor | int) -> None:
         """hidden [n, len(target_layer_ids) * d], the target's states of n tokens -> cache rows start .. start+n-1
-        (their positions). Does not move the valid length."""
-        cfg = self.cfg
-        ctx = context_features(cfg, self.w.fc, self.w.hidden_norm, hidden)
-        positions = start + torch.arange(hidden.shape[0], device=self.rows.device)
-        cos, sin = self.cos[positions], self.sin[positions]
-        for i, layer in enumerate(self.w.layers):
-            k, v = keys_values(cfg, layer, ctx, cos, sin)
-            self.keys[i].index_copy_(0, positions, k)
-            self.values[i].index_copy_(0, positions, v)
+        (their positions) of every layer: fc, hidden_norm, then one matmul for every layer's keys and values, one
+        head_norm_rope for every layer's keys, one index_copy each. Does not move the valid length."""
+        cfg, w = self.cfg, self.w
+        n, num_layers = hidden.shape[0], cfg.num_hidden_layers
+        ctx = context_features(cfg, w.fc, w.hidden_norm, hidden)
+        positions = start + torch.arange(n, device=self.keys.device)
+        kv = F.linear(ctx, w.context_kv)  # [n, 2 layers Hkv D]
+        width = num_layers * cfg.num_key_value_heads * cfg.head_dim
+        keys = ops.head_norm_rope(kv[:, :width].view(n, -1, cfg.head_dim), w.context_k_norm, self.cos[positions],
+                                  self.sin[positions], cfg.rms_norm_eps)
+        shape = (n, num_layers, cfg.num_key_value_heads, cfg.head_dim)
+        self.keys.index_copy_(1, positions, keys.view(shape).transpose(0, 1))
+        self.values.index_copy_(1, positions, kv[:, width:].view(shape).transpose(0, 1))
 
     def block_logprobs(self, root: torch.Tensor) -> torch.Tensor:
         """float32 log-probabilities [L, V] of the L tokens after root (0-dim int64), against the valid context
@@ -94,13 +109,11 @@ class DFlashModel:
         capacity holds them: engine/drafters/dflash.py context_capacity), where the next commit's context rewrites
         them; the valid length does not move."""
         cfg, w = self.cfg, self.w
-        num_rows = self.num_draft_positions + 1
-        x = self.embed[torch.cat([root.view(1), self.mask_tokens])][None]  # [1, L + 1, d]
+        x = self.embed[torch.cat([root.view(1), self.mask_tokens])]  # [L + 1, d]
         positions = self.length + self.block
-        cos, sin = self.cos[positions][None], self.sin[positions][None]  # [1, L + 1, D/2]
-        visible = self.rows < self.length + num_rows  # the valid context, then the block's own rows
-        mask = visible.expand(1, num_rows, visible.shape[0])  # every block row sees the same rows
+        cos, sin = self.cos[positions], self.sin[positions]  # [L + 1, D/2]
+        num_visible = self.length + self.block.shape[0]  # the valid context, then the block's own rows
         for i, layer in enumerate(w.layers):
-            x = draft_layer(cfg, layer, x, cos, sin, self.keys[i][None], self.values[i][None], mask, positions)
-        out = rms_norm(x[0, 1:], w.norm, cfg.rms_norm_eps)
+            x = cached_draft_layer(cfg, layer, x, cos, sin, self.keys[i], self.values[i], positions, num_visible)
+        out = rms_norm(x[1:], w.norm, cfg.rms_norm_eps)
         return F.linear(out, self.lm_head).float().log_softmax(-1)

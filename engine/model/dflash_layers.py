@@ -1,10 +1,12 @@
-"""One DFlash draft layer as plain functions over a layer's tensors: what the engine's drafter (one block,
-engine/model/dflash.py) and the drafter trainer (many blocks per sequence, engine/training/drafter_model.py)
-both run, so the two cannot drift apart.
+"""One DFlash draft layer as plain functions over a layer's tensors: the drafter trainer's (draft_layer: many blocks
+per sequence through autograd, engine/training/drafter_model.py) and the engine's (cached_draft_layer: one block
+over its cache, engine/model/dflash.py). The two share the projections and all that follows the attention
+(attention_out), and the tests check one against the other, so they cannot drift apart.
 
 Shapes: a batch of B sequences; the block rows x [B, N, d] at their positions (cos, sin [B, N, D/2]); the
 context's keys and values [B, S, Hkv, D] (k_norm and RoPE applied); mask [B, N, S + N]: which context rows and
-which block rows each block row sees (or [B, N, S] with the block's rows written into the context's: draft_layer).
+which block rows each block row sees. The engine's one block runs cached_draft_layer: the same layer over its
+cache through the fused ops (kernels/ops.py head_norm_rope, cache_attn), checked against draft_layer by the tests.
 
 A layer's tensors come as fused_layer makes them: q, k and v stacked into one projection, gate and up into another
 (the engine once at load, the trainer on every forward through autograd), so each is one matmul.
@@ -16,9 +18,11 @@ import torch.nn.functional as F
 
 from engine.loaders.dflash_config import DFlashConfig
 from engine.model.layers import apply_rope, fused_rows, rms_norm, swiglu
+from kernels import ops
 
 QKV = "self_attn.qkv_proj.weight"  # [(Hq + 2 Hkv) D, d]: q_proj, k_proj, v_proj
 GATE_UP = "mlp.gate_up_proj.weight"  # [2 I, d]: gate_proj, up_proj
+QK_NORM = "self_attn.qk_norm.weight"  # [Hq + Hkv, D]: head_norms, the engine's (cached_draft_layer)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -77,26 +81,51 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
 
 def draft_layer(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor, ctx_keys: torch.Tensor, ctx_values: torch.Tensor,
-                mask: torch.Tensor, block_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """One layer over the block rows: RMSNorm; queries from the block (q_norm, RoPE), keys and values from the
-    context joined with the block's own; attention as the mask allows; o_proj; RMSNorm; SwiGLU; residuals.
-    block_rows: None, the block's keys and values follow the context's (mask [B, N, S + N]); or the context rows
-    [N] they are written into (rows past the valid context, which a commit rewrites; mask [B, N, S]), so that a
-    decode's step copies no context rows (the engine's drafter)."""
+                mask: torch.Tensor) -> torch.Tensor:
+    """One layer over the block rows (the trainer's: plain torch, through autograd): RMSNorm; queries from the block
+    (q_norm, RoPE), keys and values from the context joined with the block's own (mask [B, N, S + N]); attention as
+    the mask allows; then attention_out."""
     b, n = x.shape[:2]
     h = rms_norm(x, layer["input_layernorm.weight"], cfg.rms_norm_eps)
     q, kv = F.linear(h, layer[QKV]).split([_kv_rows(cfg), 2 * cfg.num_key_value_heads * cfg.head_dim], dim=-1)
     q = q.reshape(b, n, cfg.num_attention_heads, cfg.head_dim)
     q = _rope(rms_norm(q, layer["self_attn.q_norm.weight"], cfg.rms_norm_eps), cos, sin)
     k_block, v_block = _keys_values_of(cfg, layer, kv, cos, sin)
-    if block_rows is None:
-        keys, values = torch.cat([ctx_keys, k_block], 1), torch.cat([ctx_values, v_block], 1)
-    else:
-        keys, values = ctx_keys.index_copy_(1, block_rows, k_block), ctx_values.index_copy_(1, block_rows, v_block)
-    attn = grouped_attention(q, keys, values, mask, cfg.head_dim ** -0.5)
+    keys, values = torch.cat([ctx_keys, k_block], 1), torch.cat([ctx_values, v_block], 1)
+    return attention_out(cfg, layer, x, grouped_attention(q, keys, values, mask, cfg.head_dim ** -0.5))
+
+
+def cached_draft_layer(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_rows: torch.Tensor,
+                       num_visible: torch.Tensor) -> torch.Tensor:
+    """One layer over one block's rows x [N, d] at cos, sin [N, D/2] (the engine's drafter, no autograd): the same
+    arithmetic as draft_layer through the ops that fuse it. q_norm / k_norm and RoPE in one ops.head_norm_rope
+    (layer[QK_NORM]: each query head's and key head's norm weights); the block's keys and values written into the
+    cache rows block_rows of keys, values [S, Hkv, D] (rows past the valid context, which a commit rewrites: no
+    context row is copied); ops.cache_attn over the first num_visible rows."""
+    n, num_heads, num_kv, dim = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    h = rms_norm(x, layer["input_layernorm.weight"], cfg.rms_norm_eps)
+    qkv = F.linear(h, layer[QKV])  # [N, (Hq + 2 Hkv) D]
+    qk = ops.head_norm_rope(qkv[:, :(num_heads + num_kv) * dim].view(n, num_heads + num_kv, dim), layer[QK_NORM],
+                            cos, sin, cfg.rms_norm_eps)
+    keys.index_copy_(0, block_rows, qk[:, num_heads:])
+    values.index_copy_(0, block_rows, qkv[:, (num_heads + num_kv) * dim:].view(n, num_kv, dim))
+    attn = ops.cache_attn(qk[:, :num_heads], keys, values, num_visible, dim ** -0.5)
+    return attention_out(cfg, layer, x, attn.view(n, num_heads * dim))
+
+
+def attention_out(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tensor,
+                  attn: torch.Tensor) -> torch.Tensor:
+    """The layer after its attention [..., Hq D]: o_proj; residual; RMSNorm; SwiGLU; residual."""
     x = x + F.linear(attn, layer["self_attn.o_proj.weight"])
     h = rms_norm(x, layer["post_attention_layernorm.weight"], cfg.rms_norm_eps)
     return x + swiglu(h, layer[GATE_UP], layer["mlp.down_proj.weight"])
+
+
+def head_norms(cfg: DFlashConfig, layer: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[Hq + Hkv, D]: each query head's q_norm weights, then each key head's k_norm weights (QK_NORM)."""
+    return torch.cat([layer["self_attn.q_norm.weight"].expand(cfg.num_attention_heads, -1),
+                      layer["self_attn.k_norm.weight"].expand(cfg.num_key_value_heads, -1)])
 
 
 def context_features(cfg: DFlashConfig, fc: torch.Tensor, hidden_norm: torch.Tensor,

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace ddtree {
 
@@ -293,6 +294,67 @@ inline void check_rms_norm_rows_args(const at::Tensor& x, const at::Tensor& weig
   check_same_device(weight, x, "weight", "x");
   TORCH_CHECK(weight.size(0) == x.size(1), "weight must hold D = x.size(1) = ", x.size(1), " entries, got ",
               weight.size(0));
+  TORCH_CHECK(eps >= 0, "eps must be >= 0, got ", eps);
+}
+
+// cache_attn: q [N, Hq, D] with contiguous heads (its rows at any stride), keys and values [S, Hkv, D] contiguous,
+// float32 or bfloat16 alike, Hq a multiple of Hkv, N >= 1, S >= 1; num_visible a 0-dim int64 on their device (its
+// value is checked by the CPU op).
+inline void check_cache_attn_args(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                                  const at::Tensor& num_visible, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "q must be float32 or bfloat16, got ", dtype_name(q.scalar_type()));
+  check_shape(q, 3, "q", "[N, Hq, D]");
+  check_shape(keys, 3, "keys", "[S, Hkv, D]");
+  check_dtype(keys, q.scalar_type(), "keys");
+  check_dtype(values, q.scalar_type(), "values");
+  TORCH_CHECK(values.sizes() == keys.sizes(), "values must be [S, Hkv, D] like keys ", keys.sizes(), ", got ",
+              values.sizes());
+  TORCH_CHECK(q.stride(2) == 1 && (q.stride(1) == q.size(2) || q.size(1) == 1), "q's heads must be contiguous "
+              "(strides [any, D, 1]), got strides ", q.strides());
+  for (const auto& [t, name] : {std::pair{&keys, "keys"}, std::pair{&values, "values"}}) {
+    check_contiguous(*t, name);
+    check_same_device(*t, q, name, "q");
+  }
+  check_index_scalar(num_visible, "num_visible");
+  check_same_device(num_visible, q, "num_visible", "q");
+  TORCH_CHECK(q.size(0) >= 1 && keys.size(0) >= 1, "cache_attn needs N >= 1 query nodes and S >= 1 cache rows, got "
+              "q ", q.sizes(), " and keys ", keys.sizes());
+  TORCH_CHECK(keys.size(2) == q.size(2), "keys' head dim ", keys.size(2), " must be q's, ", q.size(2));
+  TORCH_CHECK(keys.size(1) >= 1 && q.size(1) % keys.size(1) == 0, "q's ", q.size(1),
+              " heads must be a multiple of the cache's ", keys.size(1), " key/value heads");
+  TORCH_CHECK(scale > 0 && scale < 1e30, "scale must be a positive finite number, got ", scale);
+}
+
+constexpr int64_t kMaxHeadNormRopeDim = 512;  // the CUDA kernel holds a head's pairs in a warp's registers
+
+// head_norm_rope: x [M, H, D] float32 or bfloat16 with contiguous heads (its rows at any stride), D even and at most
+// kMaxHeadNormRopeDim; weight [H, D] contiguous in x's dtype or float32; cos and sin [M, D/2] float32 contiguous.
+inline void check_head_norm_rope_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                                      const at::Tensor& sin, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16, got ", dtype_name(x.scalar_type()));
+  check_shape(x, 3, "x", "[M, H, D]");
+  TORCH_CHECK(x.stride(2) == 1 && (x.stride(1) == x.size(2) || x.size(1) == 1), "x's heads must be contiguous "
+              "(strides [any, D, 1]), got strides ", x.strides());
+  const int64_t dim = x.size(2);
+  TORCH_CHECK(dim >= 2 && dim % 2 == 0 && dim <= kMaxHeadNormRopeDim, "the head dim D = x.size(2) must be even and in "
+              "[2, ", kMaxHeadNormRopeDim, "], got ", dim);
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat, "weight must be ",
+              dtype_name(x.scalar_type()), " (x's dtype) or float32, got ", dtype_name(weight.scalar_type()));
+  check_shape(weight, 2, "weight", "[H, D] (each head's norm weights)");
+  TORCH_CHECK(weight.size(0) == x.size(1) && weight.size(1) == dim, "weight must be [H, D] = [", x.size(1), ", ", dim,
+              "], got ", weight.sizes());
+  check_contiguous(weight, "weight");
+  check_same_device(weight, x, "weight", "x");
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_dtype(*t, at::kFloat, name);
+    check_shape(*t, 2, name, "[M, D/2]");
+    TORCH_CHECK(t->size(0) == x.size(0) && t->size(1) == dim / 2, name, " must be [M, D/2] = [", x.size(0), ", ",
+                dim / 2, "], got ", t->sizes());
+    check_contiguous(*t, name);
+    check_same_device(*t, x, name, "x");
+  }
   TORCH_CHECK(eps >= 0, "eps must be >= 0, got ", eps);
 }
 

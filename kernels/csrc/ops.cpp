@@ -31,6 +31,9 @@ TORCH_LIBRARY(ddtree, m) {
   // The routed experts' rows: grouped by expert for the grouped matmuls, and each token's k outputs summed back.
   m.def("expert_rows(Tensor x, Tensor idx, int num_experts) -> (Tensor rows, Tensor slots, Tensor group_ends)");
   m.def("expert_combine(Tensor out, Tensor slots, Tensor weights, Tensor group_ends) -> Tensor");
+  // The DFlash drafter's attention: grouped-query attention of a few rows over a cache's first num_visible rows.
+  m.def("cache_attn(Tensor q, Tensor keys, Tensor values, Tensor num_visible, float scale) -> Tensor");
+  m.def("head_norm_rope(Tensor x, Tensor weight, Tensor cos, Tensor sin, float eps) -> Tensor");
   // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
   m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");
@@ -51,4 +54,6 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("rms_norm_rows", &ddtree::cpu::rms_norm_rows);
   m.impl("expert_rows", &ddtree::cpu::expert_rows);
   m.impl("expert_combine", &ddtree::cpu::expert_combine);
+  m.impl("cache_attn", &ddtree::cpu::cache_attn);
+  m.impl("head_norm_rope", &ddtree::cpu::head_norm_rope);
 }

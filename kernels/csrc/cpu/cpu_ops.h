@@ -43,4 +43,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> expert_rows(const at::Tensor& x, 
 at::Tensor expert_combine(const at::Tensor& out, const at::Tensor& slots, const at::Tensor& weights,
                           const at::Tensor& group_ends);
 
+at::Tensor cache_attn(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                      const at::Tensor& num_visible, double scale);
+
+at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                          double eps);
+
 }  // namespace ddtree::cpu

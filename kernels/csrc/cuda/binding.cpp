@@ -26,12 +26,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../cache_attn_torch.h"
 #include "../checks.h"
 #include "../tree_outputs.h"
 #include "budget_choose.cuh"
+#include "cache_attn.cuh"
 #include "confidence_learn.cuh"
 #include "expert_rows.cuh"
 #include "graph_switch.cuh"
+#include "head_norm_rope.cuh"
 #include "kv_compact.cuh"
 #include "linear_rows.cuh"
 #include "rms_norm_rows.cuh"
@@ -621,6 +624,66 @@ at::Tensor expert_combine(const at::Tensor& out, const at::Tensor& slots, const 
   return y;
 }
 
+at::Tensor cache_attn(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                      const at::Tensor& num_visible, double scale) {
+  constexpr const char* op = "cache_attn";
+  check_cache_attn_args(q, keys, values, num_visible, scale);
+  check_on_cuda(q, op, "q");
+  const c10::cuda::CUDAGuard guard(q.device());
+  CacheAttnArgs args{};
+  args.q = q.const_data_ptr();
+  args.q_row_stride = q.stride(0);
+  args.keys = keys.const_data_ptr();
+  args.values = values.const_data_ptr();
+  args.num_visible = num_visible.const_data_ptr<int64_t>();
+  args.num_nodes = as_int(q.size(0), op, "N (q.size(0))");
+  args.num_heads = as_int(q.size(1), op, "Hq (q.size(1))");
+  args.num_kv_heads = as_int(keys.size(1), op, "Hkv (keys.size(1))");
+  args.head_dim = as_int(q.size(2), op, "D (q.size(2))");
+  args.cache_rows = as_int(keys.size(0), op, "S (keys.size(0))");
+  args.scale = static_cast<float>(scale);
+  if (q.scalar_type() != at::kBFloat16 || !CacheAttnSupported(args)) {
+    return cache_attn_torch(q, keys, values, num_visible.clamp(1, keys.size(0)), scale);
+  }
+  int num_sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+  args.num_splits = CacheAttnSplits(args.num_nodes, args.num_heads, args.num_kv_heads, args.cache_rows, num_sms);
+  const int64_t num_rows = static_cast<int64_t>(args.num_splits) * q.size(0) * q.size(1);  // splits x Hkv x N G
+  at::Tensor partial_o = at::empty({num_rows, q.size(2)}, q.options().dtype(at::kFloat));
+  at::Tensor partial_ml = at::empty({num_rows, 2}, q.options().dtype(at::kFloat));
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  args.partial_o = partial_o.mutable_data_ptr<float>();
+  args.partial_ml = partial_ml.mutable_data_ptr<float>();
+  args.out = out.mutable_data_ptr();
+  check_launch(CacheAttn(args, c10::cuda::getCurrentCUDAStream()), op);
+  return out;
+}
+
+at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                          double eps) {
+  constexpr const char* op = "head_norm_rope";
+  check_head_norm_rope_args(x, weight, cos, sin, eps);
+  check_on_cuda(x, op, "x");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  HeadNormRopeArgs args{};
+  args.x = x.const_data_ptr();
+  args.row_stride = x.stride(0);
+  args.weight = weight.const_data_ptr();
+  args.cos = cos.const_data_ptr<float>();
+  args.sin = sin.const_data_ptr<float>();
+  args.y = y.mutable_data_ptr();
+  args.num_rows = as_int(x.size(0), op, "M (x.size(0))");
+  args.num_heads = as_int(x.size(1), op, "H (x.size(1))");
+  as_int(x.size(0) * x.size(1), op, "M * H");
+  args.head_dim = as_int(x.size(2), op, "D (x.size(2))");
+  args.eps = static_cast<float>(eps);
+  args.bf16 = x.scalar_type() == at::kBFloat16;
+  args.weight_f32 = weight.scalar_type() == at::kFloat;
+  check_launch(HeadNormRope(args, c10::cuda::getCurrentCUDAStream()), op);
+  return y;
+}
+
 void graph_upload(int64_t graph_exec) {
   TORCH_CHECK(graph_exec != 0, "graph_upload: graph_exec is 0; pass graph.raw_cuda_graph_exec() of a ",
               "torch.cuda.CUDAGraph whose capture has ended");
@@ -645,6 +708,8 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("rms_norm_rows", &ddtree::cuda::rms_norm_rows);
   m.impl("expert_rows", &ddtree::cuda::expert_rows);
   m.impl("expert_combine", &ddtree::cuda::expert_combine);
+  m.impl("cache_attn", &ddtree::cuda::cache_attn);
+  m.impl("head_norm_rope", &ddtree::cuda::head_norm_rope);
   m.impl("graph_switch_begin", &ddtree::cuda::graph_switch_begin);
   m.impl("graph_branch_begin", &ddtree::cuda::graph_branch_begin);
   m.impl("graph_branch_end", &ddtree::cuda::graph_branch_end);

@@ -1,8 +1,9 @@
 // The row-invariant RMSNorm on CUDA (contract: kernels/ops.py): y = x * rsqrt(mean(x^2) + eps) * weight per row, in
-// float32, rounded to x's dtype once. A block per row: thread t adds the squares of columns t, t + 256, ... in order,
-// and the block folds the 256 sums by a fixed tree (a warp butterfly, then warp 0 over the 8 warps' sums), so a row's
-// bits depend on D alone, never on M or the other rows: the batch-invariant mode's norm, in one launch where the
-// float32 ops around a matmul against a ones column took ten.
+// float32, rounded to x's dtype once. A block per row: thread t adds the squares of its columns in order (where D is
+// a multiple of a 16-byte vector, those of vectors t, t + 256, ...; else columns t, t + 256, ...), and the block
+// folds the 256 sums by a fixed tree (a warp butterfly, then warp 0 over the 8 warps' sums), so a row's bits depend
+// on D alone, never on M or the other rows: the batch-invariant mode's norm, in one launch where the float32 ops
+// around a matmul against a ones column took ten.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,0 +1,62 @@
+// head_norm_rope on the CPU (contract: kernels/ops.py): each (row, head) one float32 pass for its sum of squares in
+// column order, then its rotated pairs, rows spread over threads.
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#include <cmath>
+
+#include "../checks.h"
+#include "cpu_ops.h"
+
+namespace ddtree::cpu {
+namespace {
+
+template <typename T, typename W>
+void norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin, float eps,
+               at::Tensor& y) {
+  const int64_t num_heads = x.size(1), dim = x.size(2), half = dim / 2, stride = x.stride(0);
+  const T* src = x.const_data_ptr<T>();
+  const W* w = weight.const_data_ptr<W>();
+  const float* c = cos.const_data_ptr<float>();
+  const float* s = sin.const_data_ptr<float>();
+  T* dst = y.mutable_data_ptr<T>();
+  at::parallel_for(0, x.size(0) * num_heads, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t m = i / num_heads, h = i % num_heads;
+      const T* head = src + m * stride + h * dim;
+      float squares = 0.0f;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float v = static_cast<float>(head[d]);
+        squares += v * v;
+      }
+      const float scale = 1.0f / std::sqrt(squares / static_cast<float>(dim) + eps);
+      const W* hw = w + h * dim;
+      for (int64_t j = 0; j < half; ++j) {
+        const float u = static_cast<float>(head[j]) * scale * static_cast<float>(hw[j]);
+        const float v = static_cast<float>(head[j + half]) * scale * static_cast<float>(hw[j + half]);
+        const float cj = c[m * half + j], sj = s[m * half + j];
+        dst[i * dim + j] = static_cast<T>(u * cj - v * sj);
+        dst[i * dim + j + half] = static_cast<T>(v * cj + u * sj);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                          double eps) {
+  check_head_norm_rope_args(x, weight, cos, sin, eps);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto e = static_cast<float>(eps);
+  if (x.scalar_type() == at::kFloat) {
+    norm_rope<float, float>(x, weight, cos, sin, e, y);
+  } else if (weight.scalar_type() == at::kFloat) {
+    norm_rope<c10::BFloat16, float>(x, weight, cos, sin, e, y);
+  } else {
+    norm_rope<c10::BFloat16, c10::BFloat16>(x, weight, cos, sin, e, y);
+  }
+  return y;
+}
+
+}  // namespace ddtree::cpu
