@@ -272,15 +272,8 @@ cudaError_t launch(const CacheAttnArgs& a, cudaStream_t stream) {
 }  // namespace
 
 bool CacheAttnSupported(const CacheAttnArgs& a) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if ((a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128) || !aligned(a.q) || a.q_row_stride % 8 != 0 ||
-      !aligned(a.keys) || !aligned(a.values)) {
-    return false;
-  }
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= 8;  // mma.sync bf16, ldmatrix, cp.async
+  return (a.head_dim == 32 || a.head_dim == 64 || a.head_dim == 128) && aligned_16(a.q) && a.q_row_stride % 8 == 0 &&
+         aligned_16(a.keys) && aligned_16(a.values) && gpu_has_mma_sync();
 }
 
 int CacheAttnSplits(int num_nodes, int num_heads, int num_kv_heads, int cache_rows, int num_sms) {

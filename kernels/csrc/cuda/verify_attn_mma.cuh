@@ -16,6 +16,17 @@
 
 namespace ddtree::cuda {
 
+// Host side: whether the current GPU runs the primitives below (sm_80+), and whether a pointer suits cp.async's
+// 16-byte copies.
+inline bool gpu_has_mma_sync() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  return major >= 8;  // mma.sync bf16, ldmatrix, cp.async
+}
+
+inline bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

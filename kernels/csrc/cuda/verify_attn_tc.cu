@@ -256,15 +256,8 @@ int num_query_tiles(int num_nodes, int num_heads) { return ceil_div(num_nodes * 
 
 // The shapes and alignment this path handles (the CUDA-core kernel takes everything else).
 bool supported(const VerifyAttnArgs<bf16>& a) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (a.lat_dim != kLat || a.rope_dim != kRope || !aligned(a.q_lat) || !aligned(a.q_pe) || !aligned(a.ckv) ||
-      !aligned(a.kpe) || !aligned(a.o_lat)) {
-    return false;
-  }
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= 8;  // mma.sync bf16, ldmatrix, cp.async
+  return a.lat_dim == kLat && a.rope_dim == kRope && aligned_16(a.q_lat) && aligned_16(a.q_pe) && aligned_16(a.ckv) &&
+         aligned_16(a.kpe) && aligned_16(a.o_lat) && gpu_has_mma_sync();
 }
 
 cudaError_t launch(const VerifyAttnArgs<bf16>& a, cudaStream_t stream) {
