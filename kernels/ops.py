@@ -75,6 +75,16 @@ rms_norm_rows(x [M, D], weight [D], eps) -> y [M, D] (x's dtype).
   chain in column order; CUDA: a block per row, 256 chains (of 16-byte vectors where D allows) folded by a fixed
   tree), so a row's bits are the same whatever M: the batch-invariant mode's norm, one launch (on CUDA every
   mode's: engine/model/layers.py rms_norm).
+moe_route(logits [N, E] f32, bias [E] f32, top_k, num_groups G, top_groups, softmax, normalize, scaling, counts=None,
+          real=None) -> idx [N, k] i64, weights [N, k] f32.
+  DeepSeek-V3 routing of each row alone, E in 1..8191: scores = sigmoid(logits) (softmax: over the row, its sum in
+  column order); choice = scores + bias (the bias steers selection only). With G > 1 the experts are G groups of E / G
+  consecutive ids, a group's score the sum of its best min(2, E / G) choices (best first), and every expert outside
+  the row's top_groups best groups gets a choice of -inf. idx = the top_k experts by choice, best first; "best" is the
+  one total order used throughout: larger first, NaN above every number, ties to the lower id, so idx is unique.
+  weights[n, r] = scores[n, idx[n, r]], with normalize divided by (their sum in rank order + 1e-20), times scaling.
+  counts [E] i32 (optional, in place): += 1 for every chosen id of a row (of a row with real[n], real [N] bool, when
+  given). 1 <= top_k <= top_groups * E / G. A row's bits depend on that row alone (both modes route through it).
 expert_rows(x [N, H], idx [N, k] i64, num_experts E in 1..8191) -> rows [N k, H] (x's dtype), slots [N, k] i64,
             group_ends [E] i32.
   The routed rows grouped by expert: assignment (n, r) (expert idx[n, r]) gets row slots[n, r] of rows, a copy of
@@ -233,6 +243,14 @@ def rms_norm_rows(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return _ops().rms_norm_rows(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
 
+def moe_route(logits: Tensor, bias: Tensor, top_k: int, num_groups: int, top_groups: int, softmax: bool,
+              normalize: bool, scaling: float, counts: Tensor | None = None, real: Tensor | None = None
+              ) -> tuple[Tensor, Tensor]:
+    """Each row's top_k experts [N, k] i64, best first, and their weights [N, k] f32; counts the chosen ids into
+    counts (of the rows real marks) when given."""
+    return _ops().moe_route(logits, bias, top_k, num_groups, top_groups, softmax, normalize, scaling, counts, real)
+
+
 def expert_rows(x: Tensor, idx: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     """x's rows grouped by expert for the grouped matmuls: rows [N k, H], slots [N, k] and group_ends [E] int32."""
     return _ops().expert_rows(x, idx, num_experts)
@@ -294,6 +312,10 @@ def _rms_norm_rows_fake(x, weight, eps):
     return torch.empty_like(x)
 
 
+def _moe_route_fake(logits, bias, top_k, num_groups, top_groups, softmax, normalize, scaling, counts=None, real=None):
+    return logits.new_empty((logits.shape[0], top_k), dtype=torch.int64), logits.new_empty((logits.shape[0], top_k))
+
+
 def _expert_rows_fake(x, idx, num_experts):
     return (x.new_empty((idx.numel(), x.shape[1])), torch.empty_like(idx),
             idx.new_empty((num_experts,), dtype=torch.int32))
@@ -317,7 +339,7 @@ def _register_fakes() -> None:
                        ("tree_accept", _tree_accept_fake), ("kv_compact", _kv_compact_fake),
                        ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake),
                        ("linear_rows", _linear_rows_fake), ("rms_norm_rows", _rms_norm_rows_fake),
-                       ("expert_rows", _expert_rows_fake),
+                       ("moe_route", _moe_route_fake), ("expert_rows", _expert_rows_fake),
                        ("expert_combine", _expert_combine_fake), ("cache_attn", _cache_attn_fake),
                        ("head_norm_rope", _head_norm_rope_fake)):
         torch.library.register_fake(f"ddtree::{name}", fake)

@@ -6,6 +6,7 @@ They follow the contracts in kernels/ops.py and share no code with the C++ or CU
 from __future__ import annotations
 
 import heapq
+import math
 
 import torch
 from torch import Tensor
@@ -170,6 +171,47 @@ def rms_norm_rows(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight in float64, in x's dtype."""
     x64 = x.double()
     return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.double()).to(x.dtype)
+
+
+def moe_route(logits: Tensor, bias: Tensor, top_k: int, num_groups: int, top_groups: int, softmax: bool,
+              normalize: bool, scaling: float, counts: Tensor | None = None, real: Tensor | None = None
+              ) -> tuple[Tensor, Tensor]:
+    """One row at a time, Python sorts on (not NaN, value, -id) keys; the sums in float32 in the contract's order."""
+    device, (num_rows, num_experts) = logits.device, logits.shape
+    logits, bias = logits.cpu(), bias.cpu()
+    per_group = num_experts // num_groups
+    scores = logits.softmax(-1) if softmax else logits.sigmoid()
+    idx = torch.empty(num_rows, top_k, dtype=torch.int64)
+    weights = torch.empty(num_rows, top_k, dtype=torch.float32)
+
+    def best(values: list[float], ids: list[int], take: int) -> list[int]:
+        return sorted(ids, key=lambda e: (not math.isnan(values[e]), -values[e] if values[e] == values[e] else 0, e)
+                      )[:take]
+
+    for n in range(num_rows):
+        choice = (scores[n] + bias).tolist()
+        if num_groups > 1:
+            group_score = []
+            for g in range(num_groups):
+                members = best(choice, list(range(g * per_group, (g + 1) * per_group)), min(2, per_group))
+                total = torch.tensor(0.0)
+                for e in members:
+                    total = total + torch.tensor(choice[e])
+                group_score.append(total.item())
+            kept = set(best(group_score, list(range(num_groups)), top_groups))
+            choice = [c if e // per_group in kept else -math.inf for e, c in enumerate(choice)]
+        chosen = best(choice, list(range(num_experts)), top_k)
+        w = scores[n, chosen]
+        if normalize:
+            total = torch.tensor(0.0)
+            for value in w:
+                total = total + value
+            w = w / (total + 1e-20)
+        idx[n], weights[n] = torch.tensor(chosen), w * scaling
+    if counts is not None:
+        rows = idx if real is None else idx[real.cpu()]
+        counts += torch.bincount(rows.reshape(-1), minlength=num_experts).to(counts)
+    return idx.to(device), weights.to(device)
 
 
 def expert_rows(x: Tensor, idx: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:

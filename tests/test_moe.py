@@ -39,6 +39,7 @@ from engine.model.moe import (
 )
 from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
+from kernels import ops
 from profiling import metrics, report
 from profiling.measurement import Measurement
 from profiling.schema import REPORT_SCHEMA
@@ -255,8 +256,8 @@ def test_the_counter_follows_the_uniform_routing_formula():
         touched = []
         for _ in range(trials):
             load.reset()
-            idx = torch.rand(n, num).topk(k, -1).indices
-            load.add(0, idx, torch.ones(n, dtype=torch.bool))
+            idx, _ = ops.moe_route(torch.randn(n, num), torch.zeros(num), k, 1, 1, False, True, 1.0, load.counts[0],
+                                   torch.ones(n, dtype=torch.bool))
             touched.append(int(load.touched()[0]))
             assert touched[-1] == len(set(idx.flatten().tolist()))
         expected = num * (1 - (1 - k / num) ** n)

@@ -124,6 +124,23 @@ def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, sigmoid=to
     return idx, w * cfg.routed_scaling_factor
 
 
+ROUTE_KERNEL_DEVICES = ("cpu",)  # where ops.moe_route routes the engine's rows; elsewhere route() and a scatter
+
+
+def route_and_count(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
+                    real: torch.Tensor, sigmoid=torch.sigmoid, total=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's routing of a forward's rows: route()'s choice and weights, and every chosen id of a row that real
+    [N] bool marks counted into counts [E] int32 (ExpertLoad's row of the layer). One ops.moe_route call, each row
+    alone and in one order whatever the mode, where it has a kernel (ROUTE_KERNEL_DEVICES); elsewhere route() with
+    the mode's sigmoid and total, then a scatter."""
+    if logits.device.type in ROUTE_KERNEL_DEVICES:
+        return ops.moe_route(logits, bias, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group,
+                             cfg.scoring_func == "softmax", cfg.norm_topk_prob, cfg.routed_scaling_factor, counts, real)
+    idx, weights = route(cfg, logits, bias, sigmoid, total)
+    counts.scatter_add_(0, idx.reshape(-1), real[:, None].expand_as(idx).reshape(-1).int())
+    return idx, weights
+
+
 def sparse_runs(device: torch.device, dtype: torch.dtype, cfg: ModelConfig) -> bool:
     """Whether sparse_moe runs here, and on CUDA without reading the device on the host (the module's docstring).
     torch._grouped_mm wants 16-byte row strides: widths a multiple of 4 in float32, 8 in bfloat16."""
@@ -229,18 +246,14 @@ def dense_moe(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts
 
 class ExpertLoad:
     """How many of a forward's rows chose each routed expert, per MoE layer: [num_moe_layers, E] int32 on the device,
-    zeroed when a forward starts and added to by each of its row blocks (padding rows excluded). Counting is a few
-    device ops and nothing is read on the host, so a CUDA graph captures it with the step."""
+    zeroed when a forward starts and added to by each of its row blocks' routing (route_and_count; padding rows
+    excluded). Nothing is read on the host, so a CUDA graph captures it with the step."""
 
     def __init__(self, num_layers: int, num_experts: int, device: torch.device) -> None:
         self.counts = torch.zeros(num_layers, num_experts, dtype=torch.int32, device=device)
 
     def reset(self) -> None:
         self.counts.zero_()
-
-    def add(self, layer: int, idx: torch.Tensor, real: torch.Tensor) -> None:
-        """idx [N, k]: the rows' chosen experts; real [N] bool: which rows are nodes (not padding)."""
-        self.counts[layer].scatter_add_(0, idx.reshape(-1), real[:, None].expand_as(idx).reshape(-1).int())
 
     def touched(self) -> torch.Tensor:
         """[num_moe_layers] int64: distinct routed experts the last forward's rows chose, per MoE layer."""

@@ -24,7 +24,7 @@ from engine.model.moe import (
     Experts,
     default_path,
     local_routing,
-    route,
+    route_and_count,
     sparse_runs,
     stack_experts,
 )
@@ -253,8 +253,8 @@ class TargetModel:
         """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
         padding. With a shard: this rank's experts' and shared columns' part of the output."""
         logits = rows.linear(x.float(), layer["router"])
-        idx, weights = route(self.cfg, logits, layer["router_bias"], rows.sigmoid, rows.total)  # [N, k] each
-        self.expert_load.add(layer["moe_index"], idx, real)
+        idx, weights = route_and_count(self.cfg, logits, layer["router_bias"],  # [N, k] each
+                                       self.expert_load.counts[layer["moe_index"]], real, rows.sigmoid, rows.total)
         held = self.held_experts
         if held is not None:
             with timer.range(MOE_DISPATCH):  # every rank holds every token: choosing its assignments moves no bytes

@@ -249,7 +249,7 @@ inline void check_float_rows(const at::Tensor& t, const char* name, const char* 
               t.strides());
 }
 
-constexpr int64_t kMaxExperts = 8191;  // expert_rows: the CUDA kernel counts the experts in one block's shared memory
+constexpr int64_t kMaxExperts = 8191;  // expert_rows' and moe_route's CUDA kernels hold a row's experts in shared memory
 
 // expert_rows: x [N, H] float32 or bfloat16 with contiguous rows, idx [N, k] int64 contiguous, 1 <= E <= kMaxExperts.
 inline void check_expert_rows_args(const at::Tensor& x, const at::Tensor& idx, int64_t num_experts) {
@@ -262,6 +262,49 @@ inline void check_expert_rows_args(const at::Tensor& x, const at::Tensor& idx, i
               idx.size(0));
   TORCH_CHECK(num_experts >= 1 && num_experts <= kMaxExperts, "num_experts must be in [1, ", kMaxExperts, "], got ",
               num_experts);
+}
+
+// moe_route: logits [N, E] float32 contiguous, bias [E] float32 contiguous, 1 <= E <= kMaxExperts; 1 <= top_k <=
+// the experts top_groups of num_groups groups hold; counts [E] int32 contiguous and real [N] bool when given.
+inline void check_moe_route_args(const at::Tensor& logits, const at::Tensor& bias, int64_t top_k, int64_t num_groups,
+                                 int64_t top_groups, const std::optional<at::Tensor>& counts,
+                                 const std::optional<at::Tensor>& real) {
+  check_dtype(logits, at::kFloat, "logits");
+  check_shape(logits, 2, "logits", "[N, E] (the router's logits)");
+  check_contiguous(logits, "logits");
+  const int64_t num_experts = logits.size(1);
+  TORCH_CHECK(num_experts >= 1 && num_experts <= kMaxExperts, "logits must hold E in [1, ", kMaxExperts,
+              "] experts per row, got shape ", logits.sizes());
+  check_dtype(bias, at::kFloat, "bias");
+  check_shape(bias, 1, "bias", "[E] (the correction bias)");
+  check_contiguous(bias, "bias");
+  TORCH_CHECK(bias.size(0) == num_experts, "bias must hold E = logits.size(1) = ", num_experts, " entries, got ",
+              bias.size(0));
+  check_same_device(bias, logits, "bias", "logits");
+  TORCH_CHECK(num_groups >= 1 && num_experts % num_groups == 0, "num_groups must divide E = ", num_experts, ", got ",
+              num_groups);
+  TORCH_CHECK(top_groups >= 1 && top_groups <= num_groups, "top_groups must be in [1, num_groups = ", num_groups,
+              "], got ", top_groups);
+  const int64_t kept = top_groups * (num_experts / num_groups);
+  TORCH_CHECK(top_k >= 1 && top_k <= kept, "top_k must be in [1, ", kept,
+              "] (the experts top_groups of the groups hold), got ", top_k);
+  if (counts.has_value()) {
+    check_dtype(*counts, at::kInt, "counts");
+    check_shape(*counts, 1, "counts", "[E]");
+    check_contiguous(*counts, "counts");
+    TORCH_CHECK(counts->size(0) == num_experts, "counts must hold E = ", num_experts, " entries, got ",
+                counts->size(0));
+    check_same_device(*counts, logits, "counts", "logits");
+  }
+  if (real.has_value()) {
+    TORCH_CHECK(counts.has_value(), "real says which rows to count in counts: pass counts with it");
+    check_dtype(*real, at::kBool, "real");
+    check_shape(*real, 1, "real", "[N]");
+    check_contiguous(*real, "real");
+    TORCH_CHECK(real->size(0) == logits.size(0), "real must hold N = ", logits.size(0), " entries, got ",
+                real->size(0));
+    check_same_device(*real, logits, "real", "logits");
+  }
 }
 
 // expert_combine: out [M, H] float32 or bfloat16 with contiguous rows, slots [N, k] int64 and weights [N, k] float32

@@ -28,6 +28,10 @@ TORCH_LIBRARY(ddtree, m) {
   // The batch-invariant mode's matmul, every row's reductions in an order fixed by the row alone.
   m.def("linear_rows(Tensor x, Tensor packed, int out_features, Tensor? group_ends=None) -> Tensor");
   m.def("rms_norm_rows(Tensor x, Tensor weight, float eps) -> Tensor");
+  // DeepSeek-V3 routing, each row alone: the top-k experts and their weights (and the count of each expert's rows).
+  m.def(
+      "moe_route(Tensor logits, Tensor bias, int top_k, int num_groups, int top_groups, bool softmax, bool normalize, "
+      "float scaling, Tensor(a!)? counts=None, Tensor? real=None) -> (Tensor idx, Tensor weights)");
   // The routed experts' rows: grouped by expert for the grouped matmuls, and each token's k outputs summed back.
   m.def("expert_rows(Tensor x, Tensor idx, int num_experts) -> (Tensor rows, Tensor slots, Tensor group_ends)");
   m.def("expert_combine(Tensor out, Tensor slots, Tensor weights, Tensor group_ends) -> Tensor");
@@ -52,6 +56,7 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("confidence_learn", &ddtree::cpu::confidence_learn);
   m.impl("linear_rows", &ddtree::cpu::linear_rows);
   m.impl("rms_norm_rows", &ddtree::cpu::rms_norm_rows);
+  m.impl("moe_route", &ddtree::cpu::moe_route);
   m.impl("expert_rows", &ddtree::cpu::expert_rows);
   m.impl("expert_combine", &ddtree::cpu::expert_combine);
   m.impl("cache_attn", &ddtree::cpu::cache_attn);

@@ -43,6 +43,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> expert_rows(const at::Tensor& x, 
 at::Tensor expert_combine(const at::Tensor& out, const at::Tensor& slots, const at::Tensor& weights,
                           const at::Tensor& group_ends);
 
+std::tuple<at::Tensor, at::Tensor> moe_route(const at::Tensor& logits, const at::Tensor& bias, int64_t top_k,
+                                             int64_t num_groups, int64_t top_groups, bool softmax, bool normalize,
+                                             double scaling, const std::optional<at::Tensor>& counts,
+                                             const std::optional<at::Tensor>& real);
+
 at::Tensor cache_attn(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                       const at::Tensor& num_visible, double scale);
 
