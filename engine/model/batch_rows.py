@@ -3,15 +3,16 @@
 The forward's per-row work (norms, projections, the FFN, the head) goes through a Rows: `run(fn, *rows)` calls fn on
 the rows, `linear` is F.linear, `absorb` and `expand` the per-head maps of absorbed attention (q_nope through W_UK,
 the latent output through W_UV), `rms_norm`, `silu` and `sigmoid`, `total` (a row's sum of its few columns: the
-routing weights' normaliser) and `routed` the routed experts' output.
+routing weights' normaliser, on CUDA: the CPU routes each row alone through ops.moe_route, engine/model/moe.py
+route_and_count) and `routed` the routed experts' output.
 - FAST: every row at once through torch's kernels, whose reductions (matmuls, means) change order with the row count.
 - InvariantRows (batch-invariant, the CPU and CUDA): every row at once through ops whose every output is reduced in
   an order fixed by its row alone: kernels.ops.linear_rows for the matmuls and each routed expert over the rows that
   chose it (one grouped call per projection), ops.rms_norm_rows for the norms, ops.expert_combine for a token's k
   expert outputs; the few-column sums added column by column. No row padding: an AR step's row costs one row's
-  work. Elementwise work rounds each element alike whatever the call holds, except torch's CPU sigmoid and silu,
-  which compute the elements past a tensor's last full vectors by a scalar path that rounds differently: on the CPU
-  InvariantRows pads each row to a multiple of ROW_VECTOR elements for them.
+  work. Elementwise work rounds each element alike whatever the call holds, except torch's CPU silu, which computes
+  the elements past a tensor's last full vectors by a scalar path that rounds differently: on the CPU InvariantRows
+  pads each row to a multiple of ROW_VECTOR elements for it.
 - BlockRows (batch-invariant, the fallback where linear_rows' bfloat16 kernel does not run: CUDA before sm_80):
   blocks of exactly ROW_BLOCK rows, the last zero-padded; a kernel is chosen by its shapes, so every row goes through
   the same kernels whatever the call holds; the experts padded alike (engine/model/moe.py).
@@ -130,7 +131,7 @@ class InvariantRows:
         return _whole_vectors(F.silu, t) if self.on_cpu else F.silu(t)
 
     def sigmoid(self, t: torch.Tensor) -> torch.Tensor:
-        return _whole_vectors(torch.sigmoid, t) if self.on_cpu else t.sigmoid()
+        return t.sigmoid()  # elementwise on CUDA (the CPU's rows are routed by ops.moe_route)
 
     def total(self, t: torch.Tensor) -> torch.Tensor:
         """[N, k] -> [N, 1]: each row's sum, its columns added in order."""
