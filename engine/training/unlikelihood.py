@@ -35,8 +35,11 @@ def unlikelihood_loss(logits: torch.Tensor, targets: torch.Tensor, penalised: to
 
     logits [B, T, V] (any float dtype; computed in float32), targets [B, T] the tokens they predicted, penalised
     [B, T] bool. log(1 - p) is the log-sum-exp of the other logits less that of all of them: exact however sure the
-    model was, and its gradient with respect to the penalised logit is p itself, bounded."""
+    model was, and its gradient with respect to the penalised logit is p itself, bounded. That difference cancels
+    where p is small, so there log1p(-p) is taken instead: each form is used where it keeps float32's precision."""
     z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
     others = z.scatter(-1, targets[..., None], float("-inf"))
-    log_rest = torch.logsumexp(others, dim=-1) - torch.logsumexp(z, dim=-1)  # [B, T]
+    p = (z.gather(-1, targets[..., None])[..., 0] - lse).exp()
+    log_rest = torch.where(p < 0.5, torch.log1p(-p.clamp(max=0.5)), torch.logsumexp(others, dim=-1) - lse)  # [B, T]
     return -(log_rest * penalised).sum() / penalised.numel()
