@@ -108,12 +108,15 @@ cache_attn(q [N, Hq, D], keys [S, Hkv, D], values [S, Hkv, D], num_visible, scal
   grid and the chunks merged in float32 (csrc/cuda/cache_attn.cuh); everything else, and the CPU: torch's
   scaled_dot_product_attention with a mask built from num_visible on the device (csrc/cache_attn_torch.h). A
   captured CUDA graph serves every num_visible; CUDA clamps it into [1, S].
-head_norm_rope(x [M, H, D], weight [H, D], cos [M, D/2] f32, sin [M, D/2] f32, eps) -> y [M, H, D] (x's dtype).
-  Each head's RMSNorm, then its rotate-half RoPE (dims j and j + D/2 a pair), in float32, rounded once:
-  u = x * rsqrt(mean(x^2) + eps) * weight[h]; y[j] = u[j] cos[m, j] - u[j + D/2] sin[m, j], y[j + D/2] =
-  u[j + D/2] cos[m, j] + u[j] sin[m, j]. x float32 or bfloat16 with contiguous heads (its rows at any stride, so
-  a slice of a fused projection's output goes in as it is), D even and at most 512; weight x's dtype or float32.
-  The DFlash drafter's q_norm / k_norm and RoPE in one launch (CUDA: a warp per head).
+head_norm_rope(x [M, H, D], weight [H, D] or None, cos [M, D/2] f32, sin [M, D/2] f32, eps, interleave=False)
+               -> y [M, H, D] contiguous (x's dtype).
+  Each head's RMSNorm (none when weight is None), then its rotate-half RoPE, in float32, rounded once:
+  u = x * rsqrt(mean(x^2) + eps) * weight[h] (or x); pair j is (a, b) = (u[j], u[j + D/2]), or with interleave
+  (u[2j], u[2j + 1]); y[j] = a cos[m, j] - b sin[m, j], y[j + D/2] = b cos[m, j] + a sin[m, j] (the interleaved
+  layout lands in evens-then-odds order, as transformers permutes it). x float32 or bfloat16, each head's D values
+  contiguous, rows and heads at any stride (a slice of a fused projection's output goes in as it is), D even and at
+  most 512; weight x's dtype or float32. The DFlash drafter's q_norm / k_norm and RoPE, and the target's RoPE of
+  q_pe and k_pe, one launch each (CUDA: a warp per head).
 
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
 depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0) raise on the CPU. The CUDA ops cannot
@@ -266,9 +269,11 @@ def cache_attn(q: Tensor, keys: Tensor, values: Tensor, num_visible: Tensor, sca
     return _ops().cache_attn(q, keys, values, num_visible, scale)
 
 
-def head_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
-    """RMSNorm of each head of x [M, H, D] by weight [H, D], then the rotate-half RoPE at cos, sin [M, D/2]."""
-    return _ops().head_norm_rope(x, weight, cos, sin, eps)
+def head_norm_rope(x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float,
+                   interleave: bool = False) -> Tensor:
+    """RMSNorm of each head of x [M, H, D] by weight [H, D] (None: no norm), then the rotate-half RoPE at cos, sin
+    [M, D/2] (interleave: of the pairs (2j, 2j + 1))."""
+    return _ops().head_norm_rope(x, weight, cos, sin, eps, interleave)
 
 
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
@@ -329,7 +334,7 @@ def _cache_attn_fake(q, keys, values, num_visible, scale):
     return q.new_empty(q.shape)
 
 
-def _head_norm_rope_fake(x, weight, cos, sin, eps):
+def _head_norm_rope_fake(x, weight, cos, sin, eps, interleave=False):
     return x.new_empty(x.shape)
 
 

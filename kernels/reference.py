@@ -246,10 +246,13 @@ def cache_attn(q: Tensor, keys: Tensor, values: Tensor, num_visible: Tensor, sca
     return out.to(q.device, q.dtype)
 
 
-def head_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
-    """Each head's RMSNorm, then rotate-half RoPE, in float64, in x's dtype."""
-    x64 = x.double()
-    u = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
-    first, second = u.chunk(2, dim=-1)
+def head_norm_rope(x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, eps: float,
+                   interleave: bool = False) -> Tensor:
+    """Each head's RMSNorm (none without a weight), then rotate-half RoPE (interleave: of the pairs (2j, 2j + 1)), in
+    float64, in x's dtype."""
+    u = x.double()
+    if weight is not None:
+        u = u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    first, second = (u[..., 0::2], u[..., 1::2]) if interleave else u.chunk(2, dim=-1)
     c, s = cos.double()[:, None], sin.double()[:, None]
     return torch.cat([first * c - second * s, second * c + first * s], dim=-1).to(x.dtype)

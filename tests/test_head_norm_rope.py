@@ -1,6 +1,7 @@
 """ops.head_norm_rope (csrc/cpu/head_norm_rope.cpp, csrc/cuda/head_norm_rope.cu) against kernels/reference.py's
-float64 norm and RoPE, and against the torch functions it fuses (engine.model.layers rms_norm and apply_rope), on
-fresh random heads: a slice of a wider row, per-head weights in either dtype; opcheck and the errors."""
+float64 norm and RoPE, and against the torch functions it fuses (engine.model.layers rms_norm and apply_rope's
+trainer forms), on fresh random heads: a slice of a wider row, per-head weights in either dtype, the RoPE alone of
+strided heads in both layouts and a row's bits alone and among others; opcheck and the errors."""
 from __future__ import annotations
 
 import random
@@ -38,10 +39,36 @@ def test_matches_float64_and_the_unfused_functions(device, dtype, weight_dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_rope_alone_of_strided_heads_in_both_layouts(device, dtype):
+    """No weight: the target's RoPE of q_pe (the last P dims of each head of a wider projection, heads strided) and of
+    k_pe (one head, a slice of a fused row), against float64 and the torch forms the trainers use."""
+    seed = random.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    for rows, heads, nope, dim in [(1, 64, 128, 64), (17, 8, 16, 32), (65, 3, 0, 2), (4, 1, 512, 64)]:
+        wide = (torch.randn(rows, heads, nope + dim + 5, generator=gen) * 3).to(device, dtype)
+        x = wide[:, :, nope:nope + dim]  # rows and heads strided, each head's dims contiguous
+        angles = torch.rand(rows, dim // 2, generator=gen) * 100
+        cos, sin = angles.cos().to(device), angles.sin().to(device)
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        for interleave in (False, True):
+            got = ops.head_norm_rope(x, None, cos, sin, 0.0, interleave)
+            want = reference.head_norm_rope(x, None, cos, sin, 0.0, interleave)
+            assert got.dtype == dtype and got.shape == x.shape and got.is_contiguous()
+            where = (rows, heads, dim, interleave, seed)
+            assert torch.allclose(got.double(), want.double(), rtol=tolerance, atol=tolerance), where
+            trainer = apply_rope(x.clone().requires_grad_(), cos, sin, interleave)
+            assert torch.allclose(got.double(), trainer.detach().double(), rtol=tolerance, atol=tolerance), where
+            assert torch.equal(ops.head_norm_rope(x[:1], None, cos[:1], sin[:1], 0.0, interleave), got[:1]), where
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     x = torch.randn(4, 6, 32, device=device)
     weight, angles = torch.rand(6, 32, device=device), torch.rand(4, 16, device=device)
     torch.library.opcheck(torch.ops.ddtree.head_norm_rope.default, (x, weight, angles.cos(), angles.sin(), 1e-6))
+    torch.library.opcheck(torch.ops.ddtree.head_norm_rope.default,
+                          (torch.randn(4, 6, 48, device=device)[..., 16:], None, angles.cos(), angles.sin(), 0.0, True))
 
 
 def test_bad_arguments_say_what_is_wrong():
@@ -60,7 +87,7 @@ def test_bad_arguments_say_what_is_wrong():
         ops.head_norm_rope(x, weight, cos[:3], sin, 1e-6)
     with pytest.raises(RuntimeError, match="sin must be float32"):
         ops.head_norm_rope(x, weight, cos, sin.double(), 1e-6)
-    with pytest.raises(RuntimeError, match="x's heads must be contiguous"):
-        ops.head_norm_rope(x.transpose(0, 1), torch.rand(4, 32), torch.rand(6, 16), torch.rand(6, 16), 1e-6)
+    with pytest.raises(RuntimeError, match="each head of x must be contiguous .x.stride.2. == 1., got strides"):
+        ops.head_norm_rope(torch.randn(4, 6, 64)[..., ::2], weight, cos, sin, 1e-6)
     with pytest.raises(RuntimeError, match="eps must be >= 0"):
         ops.head_norm_rope(x, weight, cos, sin, -1.0)

@@ -1,6 +1,6 @@
 """The layer functions (engine/model/layers.py) against float64 formulas of their own: RMSNorm, and RoPE in both
-layouts through both of its forms (real arithmetic, the CPU's; a complex multiply, CUDA's), on the CPU and, where
-there is one, on the GPU."""
+layouts through each of its forms (ops.head_norm_rope without autograd; under autograd real arithmetic on the CPU and
+a complex multiply on CUDA), on the CPU and, where there is one, on the GPU."""
 from __future__ import annotations
 
 import random
@@ -24,6 +24,11 @@ def rope64(x: torch.Tensor, angles: torch.Tensor, interleave: bool) -> torch.Ten
     return torch.cat([first * c - second * s, second * c + first * s], dim=-1)
 
 
+def trainer_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """apply_rope under autograd: torch's forms, not the op (which has no backward)."""
+    return apply_rope(x.float().clone().requires_grad_(), cos, sin, interleave).detach().to(x.dtype)
+
+
 def _error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
@@ -38,7 +43,7 @@ def test_rope_matches_float64_in_both_layouts_and_both_forms(device, dtype):
         angles = (torch.rand(shape[0], shape[-1] // 2, generator=gen) * 50).to(device)
         for interleave in (False, True):
             want = rope64(x, angles, interleave)
-            for form in (apply_rope, _rope_complex):
+            for form in (apply_rope, trainer_rope, _rope_complex):
                 got = form(x, angles.cos(), angles.sin(), interleave)
                 assert got.shape == x.shape and got.dtype == dtype and got.device == x.device
                 assert _error(got, want) < TOLERANCE[dtype], (form.__name__, shape, interleave, seed)

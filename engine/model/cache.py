@@ -20,9 +20,13 @@ class LatentCache:
         self.kpe = torch.zeros(num_layers, capacity, rope_dim, device=device, dtype=dtype)  # [layers, S, P]
         self.prefix_len = torch.zeros((), dtype=torch.int64, device=device)  # rows holding committed tokens
 
-    def write(self, layer: int, c: torch.Tensor, k_pe: torch.Tensor) -> None:
-        """Write a block's rows at prefix_len, prefix_len + 1, ... (node i -> row prefix_len + i)."""
-        rows = self.prefix_len + torch.arange(c.shape[0], device=c.device)
+    def block_rows(self, num_nodes: int) -> torch.Tensor:
+        """The rows a block of num_nodes writes: prefix_len, prefix_len + 1, ... (node i -> row prefix_len + i);
+        computed once a forward, for every layer's write."""
+        return self.prefix_len + torch.arange(num_nodes, device=self.prefix_len.device)
+
+    def write(self, layer: int, rows: torch.Tensor, c: torch.Tensor, k_pe: torch.Tensor) -> None:
+        """Write a block's c and k_pe rows into layer's cache at rows (block_rows)."""
         self.ckv[layer].index_copy_(0, rows, c.to(self.ckv.dtype))
         self.kpe[layer].index_copy_(0, rows, k_pe.to(self.kpe.dtype))
 

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 from kernels import ops
 
+ROPE_OP_MAX_DIM = 512  # the widest head ops.head_norm_rope takes
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight over the last dim, in float32, rounded to x's dtype once. On CUDA one
@@ -37,7 +39,15 @@ def fused_rows(*weights: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
     """x [..., P] with cos/sin [N, P/2] broadcast over the middle dims; NeoX rotate-half layout.
-    interleave=True first permutes (x0, x1, x2, ...) to evens-then-odds, as transformers does."""
+    interleave=True first permutes (x0, x1, x2, ...) to evens-then-odds, as transformers does.
+
+    Without autograd, a [N, P] or [N, H, P] float32 / bfloat16 x is one ops.head_norm_rope launch (no norm weight;
+    x's rows and heads at any stride): the target's q_pe and k_pe take two launches a layer where the forms below
+    take four (complex, CUDA) or ten (real, the CPU) each. Each row alone, so in both modes. The trainers' forms:
+    _rope_complex on CUDA, the real arithmetic below on the CPU (whose bits do not depend on the call's size)."""
+    if _rope_op_takes(x, cos, sin) and not (torch.is_grad_enabled() and x.requires_grad):
+        heads = x if x.dim() == 3 else x[:, None]
+        return ops.head_norm_rope(heads, None, cos, sin, 0.0, interleave).view(x.shape)
     if x.is_cuda:
         return _rope_complex(x, cos, sin, interleave)
     if interleave:
@@ -48,12 +58,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
+def _rope_op_takes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    return (x.dim() in (2, 3) and x.dtype in (torch.float32, torch.bfloat16) and cos.dtype == torch.float32
+            and x.shape[-1] <= ROPE_OP_MAX_DIM and x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous())
+
+
 def _rope_complex(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
-    """apply_rope on CUDA: each rotated pair one complex number times e^(i theta) in float32 (rotate-half pairs dim j
-    with j + P/2; the interleaved layout j with j + 1, whose result then lands in evens-then-odds order). Four kernels
-    where the real arithmetic takes ten, and a decode step runs two a layer, launch-bound. Not on the CPU: there a
-    complex multiply's vector and scalar paths round differently, so a row's bits would depend on the call's size
-    (the batch-invariant mode needs them not to)."""
+    """apply_rope on CUDA under autograd: each rotated pair one complex number times e^(i theta) in float32
+    (rotate-half pairs dim j with j + P/2; the interleaved layout j with j + 1, whose result then lands in
+    evens-then-odds order). Four kernels where the real arithmetic takes ten. Not on the CPU: there a complex
+    multiply's vector and scalar paths round differently, so a row's bits would depend on the call's size."""
     half = x.shape[-1] // 2
     xf = x.float()
     pairs = xf.unflatten(-1, (half, 2)) if interleave else xf.unflatten(-1, (2, half)).transpose(-1, -2).contiguous()

@@ -193,12 +193,13 @@ class TargetModel:
             real = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)  # BlockRows pads blocks with False
             positions = cache.prefix_len + depths
             cos, sin = cache.cos[positions], cache.sin[positions]  # [N, P/2]
+            cache_rows = cache.block_rows(x.shape[0])
         for i, layer in enumerate(self.layers):
             a = layer["attn"]
             with timer.range(f"layer{i}/attn"):
                 q_lat, q_pe, c, k_pe = rows.run(lambda *t, a=a, layer=layer: self._project(rows, a, layer, *t),
                                                 x, cos, sin)
-                cache.write(i, c, k_pe)
+                cache.write(i, cache_rows, c, k_pe)
                 with timer.range("verify_attn"):
                     o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len,
                                                block_mask, self.scale, batch_invariant=batch_invariant)
@@ -226,7 +227,7 @@ class TargetModel:
         if a.q_b is not None:
             q = rows.linear(rows.rms_norm(q, a.q_a_norm, LATENT_NORM_EPS), a.q_b)
         q_nope, q_pe = q.reshape(n, h, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
-        q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave).contiguous()
+        q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave)
         q_lat = rows.absorb(q_nope, a.w_uk).contiguous()
         return (q_lat, q_pe, rows.rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),
                 apply_rope(k_pe, cos, sin, cfg.rope_interleave))

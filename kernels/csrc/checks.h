@@ -371,25 +371,28 @@ inline void check_cache_attn_args(const at::Tensor& q, const at::Tensor& keys, c
 
 constexpr int64_t kMaxHeadNormRopeDim = 512;  // the CUDA kernel holds a head's pairs in a warp's registers
 
-// head_norm_rope: x [M, H, D] float32 or bfloat16 with contiguous heads (its rows at any stride), D even and at most
-// kMaxHeadNormRopeDim; weight [H, D] contiguous in x's dtype or float32; cos and sin [M, D/2] float32 contiguous.
-inline void check_head_norm_rope_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
-                                      const at::Tensor& sin, double eps) {
+// head_norm_rope: x [M, H, D] float32 or bfloat16, each head's D values contiguous (rows and heads at any stride), D
+// even and at most kMaxHeadNormRopeDim; weight (optional) [H, D] contiguous in x's dtype or float32; cos and sin
+// [M, D/2] float32 contiguous.
+inline void check_head_norm_rope_args(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                      const at::Tensor& cos, const at::Tensor& sin, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be float32 or bfloat16, got ", dtype_name(x.scalar_type()));
   check_shape(x, 3, "x", "[M, H, D]");
-  TORCH_CHECK(x.stride(2) == 1 && (x.stride(1) == x.size(2) || x.size(1) == 1), "x's heads must be contiguous "
-              "(strides [any, D, 1]), got strides ", x.strides());
+  TORCH_CHECK(x.stride(2) == 1 || x.size(2) == 1, "each head of x must be contiguous (x.stride(2) == 1), got strides ",
+              x.strides());
   const int64_t dim = x.size(2);
   TORCH_CHECK(dim >= 2 && dim % 2 == 0 && dim <= kMaxHeadNormRopeDim, "the head dim D = x.size(2) must be even and in "
               "[2, ", kMaxHeadNormRopeDim, "], got ", dim);
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat, "weight must be ",
-              dtype_name(x.scalar_type()), " (x's dtype) or float32, got ", dtype_name(weight.scalar_type()));
-  check_shape(weight, 2, "weight", "[H, D] (each head's norm weights)");
-  TORCH_CHECK(weight.size(0) == x.size(1) && weight.size(1) == dim, "weight must be [H, D] = [", x.size(1), ", ", dim,
-              "], got ", weight.sizes());
-  check_contiguous(weight, "weight");
-  check_same_device(weight, x, "weight", "x");
+  if (weight.has_value()) {
+    TORCH_CHECK(weight->scalar_type() == x.scalar_type() || weight->scalar_type() == at::kFloat, "weight must be ",
+                dtype_name(x.scalar_type()), " (x's dtype) or float32, got ", dtype_name(weight->scalar_type()));
+    check_shape(*weight, 2, "weight", "[H, D] (each head's norm weights)");
+    TORCH_CHECK(weight->size(0) == x.size(1) && weight->size(1) == dim, "weight must be [H, D] = [", x.size(1), ", ",
+                dim, "], got ", weight->sizes());
+    check_contiguous(*weight, "weight");
+    check_same_device(*weight, x, "weight", "x");
+  }
   for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
     check_dtype(*t, at::kFloat, name);
     check_shape(*t, 2, name, "[M, D/2]");

@@ -37,7 +37,7 @@ TORCH_LIBRARY(ddtree, m) {
   m.def("expert_combine(Tensor out, Tensor slots, Tensor weights, Tensor group_ends) -> Tensor");
   // The DFlash drafter's attention: grouped-query attention of a few rows over a cache's first num_visible rows.
   m.def("cache_attn(Tensor q, Tensor keys, Tensor values, Tensor num_visible, float scale) -> Tensor");
-  m.def("head_norm_rope(Tensor x, Tensor weight, Tensor cos, Tensor sin, float eps) -> Tensor");
+  m.def("head_norm_rope(Tensor x, Tensor? weight, Tensor cos, Tensor sin, float eps, bool interleave=False) -> Tensor");
   // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
   m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");

@@ -51,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor> moe_route(const at::Tensor& logits, const at:
 at::Tensor cache_attn(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                       const at::Tensor& num_visible, double scale);
 
-at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
-                          double eps);
+at::Tensor head_norm_rope(const at::Tensor& x, const std::optional<at::Tensor>& weight, const at::Tensor& cos,
+                          const at::Tensor& sin, double eps, bool interleave);
 
 }  // namespace ddtree::cpu

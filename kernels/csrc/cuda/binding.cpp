@@ -659,8 +659,8 @@ at::Tensor cache_attn(const at::Tensor& q, const at::Tensor& keys, const at::Ten
   return out;
 }
 
-at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
-                          double eps) {
+at::Tensor head_norm_rope(const at::Tensor& x, const std::optional<at::Tensor>& weight, const at::Tensor& cos,
+                          const at::Tensor& sin, double eps, bool interleave) {
   constexpr const char* op = "head_norm_rope";
   check_head_norm_rope_args(x, weight, cos, sin, eps);
   check_on_cuda(x, op, "x");
@@ -669,7 +669,8 @@ at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const a
   HeadNormRopeArgs args{};
   args.x = x.const_data_ptr();
   args.row_stride = x.stride(0);
-  args.weight = weight.const_data_ptr();
+  args.head_stride = x.stride(1);
+  args.weight = weight.has_value() ? weight->const_data_ptr() : nullptr;
   args.cos = cos.const_data_ptr<float>();
   args.sin = sin.const_data_ptr<float>();
   args.y = y.mutable_data_ptr();
@@ -679,7 +680,8 @@ at::Tensor head_norm_rope(const at::Tensor& x, const at::Tensor& weight, const a
   args.head_dim = as_int(x.size(2), op, "D (x.size(2))");
   args.eps = static_cast<float>(eps);
   args.bf16 = x.scalar_type() == at::kBFloat16;
-  args.weight_f32 = weight.scalar_type() == at::kFloat;
+  args.weight_f32 = weight.has_value() && weight->scalar_type() == at::kFloat;
+  args.interleave = interleave;
   check_launch(HeadNormRope(args, c10::cuda::getCurrentCUDAStream()), op);
   return y;
 }
