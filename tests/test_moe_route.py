@@ -1,6 +1,8 @@
-"""ops.moe_route (csrc/cpu/moe_route.cpp) against kernels/reference.py, the engine's torch routing (moe.route) and the
-numpy golden router on fresh random logits: the chosen experts in their order, the weights, the count of each
-expert's rows; ties, NaN, a row's bits alone and among others; opcheck and the errors."""
+"""ops.moe_route (csrc/cpu/moe_route.cpp, csrc/cuda/moe_route.cu) against kernels/reference.py, the engine's torch
+routing (moe.route) and the numpy golden router on fresh random logits, on the CPU and, where there is one, on the
+GPU: the chosen experts in their order, the weights, the count of each expert's rows; ties, NaN, a row's bits alone
+and among others; the GPU against the CPU kernel at real models' shapes and replayed in a CUDA graph; opcheck and the
+errors."""
 from __future__ import annotations
 
 import random
@@ -15,7 +17,9 @@ from engine.model import reference as golden
 from engine.model.moe import route, route_and_count
 from kernels import ops, reference
 
-DEVICES = ["cpu"]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, needs_cuda])]
+RTOL = {"cpu": 2e-6, "cuda": 1e-5}  # the weights' relative tolerance: CUDA sums a softmax row in another order
 
 
 def _case(rng: random.Random) -> dict:
@@ -50,7 +54,7 @@ def test_matches_the_reference_on_random_routings(device):
         assert idx.dtype == torch.int64 and weights.dtype == torch.float32, where
         assert idx.shape == weights.shape == (num_rows, case["top_k"]), where
         assert torch.equal(idx.cpu(), want_idx), where
-        torch.testing.assert_close(weights.cpu(), want_weights, rtol=2e-6, atol=1e-7, msg=str(where))
+        torch.testing.assert_close(weights.cpu(), want_weights, rtol=RTOL[device], atol=1e-7, msg=str(where))
         assert torch.equal(counts.cpu(), want_counts), where  # the counts the op was given, added to in place
 
 
@@ -71,7 +75,7 @@ def test_matches_the_engines_torch_routing_and_the_golden_router(device):
                                      cfg.routed_scaling_factor)
         torch_idx, torch_weights = route(cfg, logits, bias)
         assert torch.equal(idx.cpu(), torch_idx), cfg
-        torch.testing.assert_close(weights.cpu(), torch_weights, rtol=2e-6, atol=1e-7)
+        torch.testing.assert_close(weights.cpu(), torch_weights, rtol=RTOL[device], atol=1e-7)
         want_idx, want_weights = golden.route(cfg, x, gate, bias.double().numpy())
         assert np.array_equal(np.sort(idx.cpu().numpy(), -1), np.sort(want_idx, -1)), cfg
         np.testing.assert_allclose(np.take_along_axis(weights.cpu().numpy(), np.argsort(idx.cpu().numpy(), -1), -1),
@@ -120,6 +124,77 @@ def test_the_bias_steers_the_choice_not_the_weights(device):
     assert (idx[:, 0] == 3).all()
     assert torch.allclose(weights[:, 0], logits[:, 3].sigmoid(), rtol=1e-6)
 
+
+# name: (E, routing); DeepSeek-V2 (softmax) has no correction bias
+REAL_SHAPES = {
+    "kimi-k2": (384, {"top_k": 8, "num_groups": 1, "top_groups": 1, "softmax": False, "normalize": True,
+                      "scaling": 2.827}),
+    "deepseek-v3": (256, {"top_k": 8, "num_groups": 8, "top_groups": 4, "softmax": False, "normalize": True,
+                          "scaling": 2.5}),
+    "deepseek-v2": (160, {"top_k": 6, "num_groups": 8, "top_groups": 3, "softmax": True, "normalize": False,
+                          "scaling": 16.0}),
+    "8191-groups-of-one": (8191, {"top_k": 8, "num_groups": 8191, "top_groups": 16, "softmax": False,
+                                  "normalize": True, "scaling": 1.0}),
+    "k-is-e": (64, {"top_k": 64, "num_groups": 1, "top_groups": 1, "softmax": False, "normalize": True,
+                    "scaling": 1.0}),
+}
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("name", list(REAL_SHAPES))
+def test_cuda_matches_the_cpu_kernel_at_real_shapes(name):
+    """The CPU kernel's experts and counts exactly, its weights closely; a row's bits alone as among 1000 rows."""
+    num_experts, case = REAL_SHAPES[name]
+    seed = random.randrange(2**31)
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    for num_rows in (1, 17, 65, 1000):
+        logits, bias = _logits(gen, num_rows, num_experts)
+        if case["softmax"]:
+            bias = torch.zeros(num_experts)
+        real = torch.rand(num_rows, generator=gen) < 0.8
+        want_counts = torch.randint(0, 5, (num_experts,), generator=gen, dtype=torch.int32)
+        counts = want_counts.cuda()
+        idx, weights = ops.moe_route(logits.cuda(), bias.cuda(), **case, counts=counts, real=real.cuda())
+        want_idx, want_weights = ops.moe_route(logits, bias, **case, counts=want_counts, real=real)
+        where = (name, num_rows, seed)
+        assert torch.equal(idx.cpu(), want_idx), where
+        torch.testing.assert_close(weights.cpu(), want_weights, rtol=RTOL["cuda"], atol=1e-7, msg=str(where))
+        assert torch.equal(counts.cpu(), want_counts), where
+    for n in rng.sample(range(num_rows), 5):
+        alone_idx, alone_weights = ops.moe_route(logits[n:n + 1].cuda(), bias.cuda(), **case)
+        assert torch.equal(alone_idx[0], idx[n]), (name, n, seed)
+        assert torch.equal(alone_weights[0].view(torch.int32), weights[n].view(torch.int32)), (name, n, seed)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_routing_replays_in_a_graph():
+    """Captured once with counts, replayed on new logits written in place: the CPU kernel's routing and counts."""
+    seed = random.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    num_experts, case = REAL_SHAPES["deepseek-v3"]
+    logits, bias = (t.cuda() for t in _logits(gen, 17, num_experts))
+    real = (torch.rand(17, generator=gen) < 0.8).cuda()
+    counts = torch.zeros(num_experts, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # loads the extension and the kernel before the capture
+        ops.moe_route(logits, bias, **case, counts=counts, real=real)
+    torch.cuda.current_stream().wait_stream(side)
+    counts.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        idx, weights = ops.moe_route(logits, bias, **case, counts=counts, real=real)
+    want_counts = torch.zeros(num_experts, dtype=torch.int32)
+    for replay in range(3):
+        logits.copy_(_logits(gen, 17, num_experts)[0])
+        graph.replay()
+        want_idx, want_weights = ops.moe_route(logits.cpu(), bias.cpu(), **case, counts=want_counts, real=real.cpu())
+        where = (replay, seed)
+        assert torch.equal(idx.cpu(), want_idx), where
+        torch.testing.assert_close(weights.cpu(), want_weights, rtol=RTOL["cuda"], atol=1e-7, msg=str(where))
+        assert torch.equal(counts.cpu(), want_counts), where
 
 def test_the_engine_counts_only_real_rows():
     """route_and_count adds each real row's chosen ids to its layer's counts; padding rows add nothing."""

@@ -2,14 +2,13 @@
 
 The forward's per-row work (norms, projections, the FFN, the head) goes through a Rows: `run(fn, *rows)` calls fn on
 the rows, `linear` is F.linear, `absorb` and `expand` the per-head maps of absorbed attention (q_nope through W_UK,
-the latent output through W_UV), `rms_norm`, `silu` and `sigmoid`, `total` (a row's sum of its few columns: the
-routing weights' normaliser, on CUDA: the CPU routes each row alone through ops.moe_route, engine/model/moe.py
-route_and_count) and `routed` the routed experts' output.
+the latent output through W_UV), `rms_norm`, `silu` and `routed` the routed experts' output. The routing is each
+row alone in every mode (ops.moe_route: engine/model/moe.py route_and_count).
 - FAST: every row at once through torch's kernels, whose reductions (matmuls, means) change order with the row count.
 - InvariantRows (batch-invariant, the CPU and CUDA): every row at once through ops whose every output is reduced in
   an order fixed by its row alone: kernels.ops.linear_rows for the matmuls and each routed expert over the rows that
   chose it (one grouped call per projection), ops.rms_norm_rows for the norms, ops.expert_combine for a token's k
-  expert outputs; the few-column sums added column by column. No row padding: an AR step's row costs one row's
+  expert outputs. No row padding: an AR step's row costs one row's
   work. Elementwise work rounds each element alike whatever the call holds, except torch's CPU silu, which computes
   the elements past a tensor's last full vectors by a scalar path that rounds differently: on the CPU InvariantRows
   pads each row to a multiple of ROW_VECTOR elements for it.
@@ -57,13 +56,6 @@ class FastRows:
 
     def silu(self, t: torch.Tensor) -> torch.Tensor:
         return F.silu(t)
-
-    def sigmoid(self, t: torch.Tensor) -> torch.Tensor:
-        return t.sigmoid()
-
-    def total(self, t: torch.Tensor) -> torch.Tensor:
-        """[N, k] -> [N, 1]: each row's sum."""
-        return t.sum(-1, keepdim=True)
 
     def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts
                ) -> torch.Tensor:
@@ -130,13 +122,6 @@ class InvariantRows:
     def silu(self, t: torch.Tensor) -> torch.Tensor:
         return _whole_vectors(F.silu, t) if self.on_cpu else F.silu(t)
 
-    def sigmoid(self, t: torch.Tensor) -> torch.Tensor:
-        return t.sigmoid()  # elementwise on CUDA (the CPU's rows are routed by ops.moe_route)
-
-    def total(self, t: torch.Tensor) -> torch.Tensor:
-        """[N, k] -> [N, 1]: each row's sum, its columns added in order."""
-        return _in_order(t.unbind(-1))[:, None]
-
     def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts
                ) -> torch.Tensor:
         """Each chosen expert over the rows that chose it (sparse or not: the dense reference's result, each row
@@ -149,14 +134,6 @@ class InvariantRows:
         gate, up = self._rows(rows, experts.gate_up, 2 * width, group_ends=ends).chunk(2, dim=-1)
         out = self._rows(self.silu(gate) * up, experts.down, hidden, group_ends=ends)
         return ops.expert_combine(out, slots, weights.float(), ends)
-
-
-def _in_order(terms) -> torch.Tensor:
-    """terms[0] + terms[1] + ..., added left to right (elementwise: every element rounds alike whatever the call)."""
-    total = terms[0]
-    for term in terms[1:]:
-        total = total + term
-    return total
 
 
 def _whole_vectors(fn, t: torch.Tensor) -> torch.Tensor:

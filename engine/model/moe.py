@@ -102,13 +102,12 @@ def stack_experts(cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]],
     return rest, stacks
 
 
-def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, sigmoid=torch.sigmoid, total=None
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3 routing of float32 router logits [N, E]: each token's top-k experts [N, k] (chosen on the scores
-    plus the correction bias, group-limited) and their float32 weights [N, k] (from the unbiased scores, normalised
-    if norm_topk_prob, times routed_scaling_factor). sigmoid and total (each row's sum, [N, k] -> [N, 1]): the
-    batch-invariant mode's (engine/model/batch_rows.py), else torch's."""
-    scores = sigmoid(logits) if cfg.scoring_func == "sigmoid" else logits.softmax(-1)
+def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 routing of float32 router logits [N, E] in torch's ops, which autograd differentiates (the
+    trainer's; the engine routes through ops.moe_route, route_and_count): each token's top-k experts [N, k] (chosen on
+    the scores plus the correction bias, group-limited) and their float32 weights [N, k] (from the unbiased scores,
+    normalised if norm_topk_prob, times routed_scaling_factor)."""
+    scores = logits.sigmoid() if cfg.scoring_func == "sigmoid" else logits.softmax(-1)
     choice = scores + bias  # the bias steers selection only
     n, e = choice.shape
     per_group = e // cfg.n_group
@@ -120,25 +119,17 @@ def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, sigmoid=to
     idx = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
     w = scores.gather(1, idx)
     if cfg.norm_topk_prob:
-        w = w / ((w.sum(-1, keepdim=True) if total is None else total(w)) + 1e-20)
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
     return idx, w * cfg.routed_scaling_factor
 
 
-ROUTE_KERNEL_DEVICES = ("cpu",)  # where ops.moe_route routes the engine's rows; elsewhere route() and a scatter
-
-
 def route_and_count(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
-                    real: torch.Tensor, sigmoid=torch.sigmoid, total=None) -> tuple[torch.Tensor, torch.Tensor]:
+                    real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's routing of a forward's rows: route()'s choice and weights, and every chosen id of a row that real
-    [N] bool marks counted into counts [E] int32 (ExpertLoad's row of the layer). One ops.moe_route call, each row
-    alone and in one order whatever the mode, where it has a kernel (ROUTE_KERNEL_DEVICES); elsewhere route() with
-    the mode's sigmoid and total, then a scatter."""
-    if logits.device.type in ROUTE_KERNEL_DEVICES:
-        return ops.moe_route(logits, bias, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group,
-                             cfg.scoring_func == "softmax", cfg.norm_topk_prob, cfg.routed_scaling_factor, counts, real)
-    idx, weights = route(cfg, logits, bias, sigmoid, total)
-    counts.scatter_add_(0, idx.reshape(-1), real[:, None].expand_as(idx).reshape(-1).int())
-    return idx, weights
+    [N] bool marks counted into counts [E] int32 (ExpertLoad's row of the layer). One ops.moe_route launch, each row
+    alone and in one order whatever the mode (a warp per row on CUDA), where torch's ops took a dozen."""
+    return ops.moe_route(logits, bias, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group,
+                         cfg.scoring_func == "softmax", cfg.norm_topk_prob, cfg.routed_scaling_factor, counts, real)
 
 
 def sparse_runs(device: torch.device, dtype: torch.dtype, cfg: ModelConfig) -> bool:

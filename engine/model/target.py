@@ -255,7 +255,7 @@ class TargetModel:
         padding. With a shard: this rank's experts' and shared columns' part of the output."""
         logits = rows.linear(x.float(), layer["router"])
         idx, weights = route_and_count(self.cfg, logits, layer["router_bias"],  # [N, k] each
-                                       self.expert_load.counts[layer["moe_index"]], real, rows.sigmoid, rows.total)
+                                       self.expert_load.counts[layer["moe_index"]], real)
         held = self.held_experts
         if held is not None:
             with timer.range(MOE_DISPATCH):  # every rank holds every token: choosing its assignments moves no bytes

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../route_exp.h"
 #include "cpu_ops.h"
 
 namespace ddtree::cpu {
@@ -32,6 +33,8 @@ void best(const float* values, int64_t n, int64_t take, std::vector<int64_t>& or
   order.resize(take);
 }
 
+constexpr int kChains = 32;  // a softmax row's sum: the lanes of the CUDA kernel's warp
+
 struct Routing {
   int64_t top_k, num_groups, top_groups;
   bool softmax, normalize;
@@ -44,11 +47,17 @@ void route_row(const float* logits, const float* bias, int64_t num_experts, cons
   if (r.softmax) {
     float top = -std::numeric_limits<float>::infinity();
     for (int64_t e = 0; e < num_experts; ++e) top = std::max(top, logits[e]);
-    float total = 0.0f;
-    for (int64_t e = 0; e < num_experts; ++e) total += scores[e] = std::exp(logits[e] - top);
-    for (int64_t e = 0; e < num_experts; ++e) scores[e] /= total;
+    // the sum in the CUDA kernel's order: 32 chains of every 32nd expert, then a butterfly over them
+    float chains[kChains] = {};
+    for (int64_t e = 0; e < num_experts; ++e) chains[e % kChains] += scores[e] = route_exp(logits[e] - top);
+    for (int offset = kChains / 2; offset > 0; offset /= 2) {
+      float folded[kChains];
+      for (int lane = 0; lane < kChains; ++lane) folded[lane] = chains[lane] + chains[lane ^ offset];
+      std::copy(folded, folded + kChains, chains);
+    }
+    for (int64_t e = 0; e < num_experts; ++e) scores[e] /= chains[0];
   } else {
-    for (int64_t e = 0; e < num_experts; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    for (int64_t e = 0; e < num_experts; ++e) scores[e] = 1.0f / (1.0f + route_exp(-logits[e]));
   }
   choice.resize(num_experts);
   for (int64_t e = 0; e < num_experts; ++e) choice[e] = scores[e] + bias[e];

@@ -37,6 +37,7 @@
 #include "head_norm_rope.cuh"
 #include "kv_compact.cuh"
 #include "linear_rows.cuh"
+#include "moe_route.cuh"
 #include "rms_norm_rows.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
@@ -575,6 +576,39 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
   return y;
 }
 
+std::tuple<at::Tensor, at::Tensor> moe_route(const at::Tensor& logits, const at::Tensor& bias, int64_t top_k,
+                                             int64_t num_groups, int64_t top_groups, bool softmax, bool normalize,
+                                             double scaling, const std::optional<at::Tensor>& counts,
+                                             const std::optional<at::Tensor>& real) {
+  constexpr const char* op = "moe_route";
+  check_moe_route_args(logits, bias, top_k, num_groups, top_groups, counts, real);
+  check_on_cuda(logits, op, "logits");
+  check_on_cuda(bias, op, "bias");
+  if (counts.has_value()) check_on_cuda(*counts, op, "counts");
+  if (real.has_value()) check_on_cuda(*real, op, "real");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const int64_t num_rows = logits.size(0);
+  at::Tensor idx = at::empty({num_rows, top_k}, logits.options().dtype(at::kLong));
+  at::Tensor weights = at::empty({num_rows, top_k}, logits.options());
+  MoeRouteArgs args{};
+  args.logits = logits.const_data_ptr<float>();
+  args.bias = bias.const_data_ptr<float>();
+  args.num_rows = as_int(num_rows, op, "N (logits.size(0))");
+  args.num_experts = static_cast<int>(logits.size(1));  // the checks bound E, k, G and top_groups by kMaxExperts
+  args.top_k = static_cast<int>(top_k);
+  args.num_groups = static_cast<int>(num_groups);
+  args.top_groups = static_cast<int>(top_groups);
+  args.softmax = softmax;
+  args.normalize = normalize;
+  args.scaling = static_cast<float>(scaling);
+  args.idx = idx.mutable_data_ptr<int64_t>();
+  args.weights = weights.mutable_data_ptr<float>();
+  args.counts = counts.has_value() ? counts->mutable_data_ptr<int32_t>() : nullptr;
+  args.real = real.has_value() ? real->const_data_ptr<bool>() : nullptr;
+  check_launch(MoeRoute(args, c10::cuda::getCurrentCUDAStream()), op);
+  return {idx, weights};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> expert_rows(const at::Tensor& x, const at::Tensor& idx,
                                                            int64_t num_experts) {
   constexpr const char* op = "expert_rows";
@@ -708,6 +742,7 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("confidence_learn", &ddtree::cuda::confidence_learn);
   m.impl("linear_rows", &ddtree::cuda::linear_rows);
   m.impl("rms_norm_rows", &ddtree::cuda::rms_norm_rows);
+  m.impl("moe_route", &ddtree::cuda::moe_route);
   m.impl("expert_rows", &ddtree::cuda::expert_rows);
   m.impl("expert_combine", &ddtree::cuda::expert_combine);
   m.impl("cache_attn", &ddtree::cuda::cache_attn);

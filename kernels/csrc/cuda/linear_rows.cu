@@ -2,9 +2,9 @@
 //
 // bfloat16: a block owns 64 or 128 output columns, one K range (split) and a tile of rows of one group (grouped: the
 // grid's x walks the tiles group by group, grouped_tile). K streams through shared memory in chunks of 64 (4 stages
-// of cp.async; 16-byte pieces swizzled by row, the 128-byte swizzle that wgmma reads and that spares ldmatrix bank
-// conflicts). The row tile is the grid's fastest index, so the blocks that read the same weight slab for different
-// rows run side by side and share it through L2.
+// of cp.async, 6 in a wgmma block of 8 rows; 16-byte pieces swizzled by row, the 128-byte swizzle that wgmma reads
+// and that spares ldmatrix bank conflicts). The row tile is the grid's fastest index, so the blocks that read the same
+// weight slab for different rows run side by side and share it through L2.
 // - sm_90a: one or two warpgroups a block, each with its 64 columns of the weight tile as wgmma's M and the block's
 //   rows as its N (m64nNk16 per 16 of K, N = 8 .. 256 by the rows: each row a column of the instruction).
 // - sm_80 and later elsewhere: four warps of 16 columns each, mma.sync m16n8k16 per 16-row tile (16 * MT rows).
@@ -219,10 +219,15 @@ __global__ void __launch_bounds__(kThreads) linear_rows_mma(const LinearRowsArgs
 #endif
 }
 
-// wgmma: kAhead chunks loaded ahead, so that a chunk's MMAs run while the next chunk's are issued (the slot a load
-// overwrites was read by the MMAs of kStages - kAhead chunks before, which the wait at each chunk's end has seen out).
-constexpr int kAhead = kStages - 2;
+// wgmma: kDepth stages, kDepth - 2 chunks loaded ahead, so that a chunk's MMAs run while the next chunk's are issued
+// (the slot a load overwrites was read by the MMAs of two chunks before, which the wait at each chunk's end has seen
+// out). A block of 8 rows in one warpgroup streams 64 columns' weights and little else (an AR step's experts, a
+// batch-invariant decode's projections), and the bytes it keeps in flight bound it: its depth is 6 (4 chunks, 32 KB
+// ahead; 4 blocks of 57 KB fit an SM's 228 KB, so Kimi-K2's 8 experts' gate_up, 512 blocks, run in one wave), else 4.
+template <int kRows, int kGroups>
+constexpr int kWgmmaDepth = kRows == 8 && kGroups == 1 ? 6 : kStages;
 
+template <int kAhead>
 __device__ __forceinline__ void cp_async_wait_ahead() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 1) : "memory");
 }
@@ -232,6 +237,7 @@ template <int kRows, int kGroups>
 __global__ void __launch_bounds__(kGroups * kThreads) linear_rows_wgmma(const LinearRowsArgs a, int num_col_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kCols = kGroups * kWgCols, kBlockThreads = kGroups * kThreads;
+  constexpr int kDepth = kWgmmaDepth<kRows, kGroups>, kAhead = kDepth - 2;
   constexpr int kStageBytes = (kCols + kRows) * kLineBytes;
   extern __shared__ uint8_t raw[];
   uint8_t* smem = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
@@ -247,13 +253,13 @@ __global__ void __launch_bounds__(kGroups * kThreads) linear_rows_wgmma(const Li
     cp_async_commit();
   }
   for (int chunk = 0; chunk < t.num_chunks; ++chunk) {
-    cp_async_wait_ahead();
+    cp_async_wait_ahead<kAhead>();
     wg::fence_proxy_async();
     __syncthreads();  // the stage is in, and every thread has seen out the MMAs that read the slot loaded next
     const int next = chunk + kAhead;
-    if (next < t.num_chunks) load_stage<kCols, kRows, kBlockThreads>(smem + next % kStages * kStageBytes, a, t, next);
+    if (next < t.num_chunks) load_stage<kCols, kRows, kBlockThreads>(smem + next % kDepth * kStageBytes, a, t, next);
     cp_async_commit();
-    const uint32_t ws = smem_addr(smem + (chunk % kStages) * kStageBytes);
+    const uint32_t ws = smem_addr(smem + (chunk % kDepth) * kStageBytes);
     const uint64_t w_desc = wg::smem_desc(ws + group * kWgCols * kLineBytes, 16, 1024);
     const uint64_t x_desc = wg::smem_desc(ws + kCols * kLineBytes, 16, 1024);
     wg::fence_operands(d);
@@ -342,7 +348,8 @@ dim3 row_grid(const LinearRowsArgs& a, int tile_rows, int num_col_tiles) {
 template <int kRows, int kGroups>
 cudaError_t launch_wgmma(const LinearRowsArgs& a, cudaStream_t stream) {
   const int num_col_tiles = ceil_div(a.num_cols, kGroups * kWgCols);
-  const size_t smem = static_cast<size_t>(kStages) * (kGroups * kWgCols + kRows) * kLineBytes + 1024;
+  constexpr size_t kStageBytes = static_cast<size_t>(kGroups * kWgCols + kRows) * kLineBytes;
+  const size_t smem = kWgmmaDepth<kRows, kGroups> * kStageBytes + 1024;  // + the swizzle atoms' alignment
   DDTREE_CUDA_TRY(allow_dynamic_smem(linear_rows_wgmma<kRows, kGroups>, smem));
   const dim3 grid = row_grid(a, kRows, num_col_tiles);
   linear_rows_wgmma<kRows, kGroups><<<grid, kGroups * kThreads, smem, stream>>>(a, num_col_tiles);
