@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from kernels import ops
 
-ROPE_OP_MAX_DIM = 512  # the widest head ops.head_norm_rope takes
+ROPE_OP_MAX_DIM = 512  # the widest head ops.head_norm_rope takes (kMaxHeadNormRopeDim, kernels/csrc/checks.h)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

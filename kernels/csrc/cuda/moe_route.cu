@@ -9,7 +9,7 @@ namespace ddtree::cuda {
 namespace {
 
 constexpr int kMaxWarps = 4;               // rows a block
-constexpr size_t kSmemBudget = 96 * 1024;  // a block's choices and group scores (sm_86 and sm_89 allow 99 KB)
+constexpr size_t kSmemBudget = 96 * 1024;  // a block's scores, choices, group scores (sm_86/89 allow 99 KB)
 constexpr int kNone = -1;                  // a Pick's index when it holds no element
 
 // Whether (a, i) comes before (b, j): the larger value first, NaN before every number, ties to the lower index.
@@ -107,7 +107,8 @@ __device__ __forceinline__ void filter_groups(const MoeRouteArgs& a, float* choi
   __syncwarp();
 }
 
-// Warp w of a block routes row blockIdx.x * (warps a block) + w, its choices and group scores at w (E + G) floats.
+// Warp w of a block routes row blockIdx.x * (warps a block) + w, its scores, choices and group scores at w (2E + G)
+// floats.
 __global__ void __launch_bounds__(kMaxWarps * kWarpSize) moe_route_kernel(const MoeRouteArgs a) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
