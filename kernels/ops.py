@@ -5,7 +5,8 @@ engine costs nothing until it decodes; the fake kernels are registered right aft
 schemas), or at import when the library is already loaded (torch imports this module for fake tracing).
 
 Contracts (the one place in code where they are written; README.md, "Custom ops", has the long form).
-Index scalars (root_token, prefix_len, path_len, bonus) are 0-dim int64 tensors on the op's device.
+Index scalars (root_token, prefix_len, path_len, bonus, num_generated, root) are 0-dim int64 tensors on the op's
+device.
 
 tree_build(draft_logprobs [L, V] f32, root_token, budget B in 0..1024, budget_limit=None)
     -> tokens, parents, depths, ranks [B+1] i64, scores [B+1] f32, visibility [B+1, B+1] bool.
@@ -36,6 +37,11 @@ tree_accept(tokens [N], parents [N], target [N] i64, max_depth) -> path [max_dep
   visited nodes root first, padded with -1; bonus = target[last visited].
 kv_compact(ckv [num_layers, S, R], kpe [num_layers, S, P], prefix_len, path) -> None, in place.
   For each i before the first -1 in path: row prefix_len + path[i] -> row prefix_len + i in every layer.
+commit_path(target [N] i64, path [P] i64, path_len, bonus, generated [G] i64 contiguous, num_generated, root,
+            prefix_len) -> None, generated, num_generated, root and prefix_len in place.
+  A step's commit in one launch (no host sync: a CUDA graph can hold it). With n = num_generated and L = path_len as
+  passed: generated[n + i] = target[path[i]] for i < L (a slot at or past G is dropped), then num_generated = n + L,
+  prefix_len += L, root = bonus. path and path_len are tree_accept's; target and path at any stride.
 
 The budget policy's two ops (`--budget auto`) read a tree as tree_build returns it (scores [N] f32; parents, depths,
 ranks [N] i64) and the confidence tables realised, predicted [L + 1, C] f32 (a row per depth, a column per rank
@@ -119,9 +125,10 @@ head_norm_rope(x [M, H, D], weight [H, D] or None, cos [M, D/2] f32, sin [M, D/2
   q_pe and k_pe, one launch each (CUDA: a warp per head).
 
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
-depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0) raise on the CPU. The CUDA ops cannot
-raise on values without a host sync, so there NaN ranks like -inf, prefix_len is clamped into [0, S - N],
-malformed path entries are skipped and tree_accept stops when the path is full; in the budget ops a parent not in
+depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0, path_len in [1, P] and num_generated
+>= 0) raise on the CPU. The CUDA ops cannot raise on values without a host sync, so there NaN ranks like -inf,
+prefix_len is clamped into [0, S - N], malformed path entries are skipped and tree_accept stops when the path is
+full; commit_path clamps path_len into [0, P] and writes no slot outside [0, G); in the budget ops a parent not in
 [-1, i) counts as -1, a node at a depth outside [0, L + 1) has no cell (own 0, learns nothing), a negative rank is
 class 0, a bucket is clamped into [0, N - 1], a NaN score's p is NaN and seconds divide as IEEE floats do. The
 engine checks the step's results when it reads its record.
@@ -187,6 +194,12 @@ def tree_accept(tokens: Tensor, parents: Tensor, target: Tensor, max_depth: int)
 def kv_compact(ckv: Tensor, kpe: Tensor, prefix_len: Tensor, path: Tensor) -> None:
     """Move the accepted path's cache rows to prefix_len, prefix_len+1, ... in every layer (in place)."""
     _ops().kv_compact(ckv, kpe, prefix_len, path)
+
+
+def commit_path(target: Tensor, path: Tensor, path_len: Tensor, bonus: Tensor, generated: Tensor,
+                num_generated: Tensor, root: Tensor, prefix_len: Tensor) -> None:
+    """Append the accepted path's target tokens to generated, move num_generated and prefix_len on, root = bonus."""
+    _ops().commit_path(target, path, path_len, bonus, generated, num_generated, root, prefix_len)
 
 
 def budget_choose(
@@ -301,6 +314,10 @@ def _kv_compact_fake(ckv, kpe, prefix_len, path):
     return None
 
 
+def _commit_path_fake(target, path, path_len, bonus, generated, num_generated, root, prefix_len):
+    return None
+
+
 def _budget_choose_fake(scores, parents, depths, ranks, realised, predicted, buckets, seconds):
     return buckets.new_empty(()), torch.empty_like(seconds), torch.empty_like(seconds)
 
@@ -342,6 +359,7 @@ def _head_norm_rope_fake(x, weight, cos, sin, eps, interleave=False):
 def _register_fakes() -> None:
     for name, fake in (("tree_build", _tree_build_fake), ("verify_attn", _verify_attn_fake),
                        ("tree_accept", _tree_accept_fake), ("kv_compact", _kv_compact_fake),
+                       ("commit_path", _commit_path_fake),
                        ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake),
                        ("linear_rows", _linear_rows_fake), ("rms_norm_rows", _rms_norm_rows_fake),
                        ("moe_route", _moe_route_fake), ("expert_rows", _expert_rows_fake),

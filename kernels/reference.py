@@ -105,6 +105,17 @@ def kv_compact(ckv: Tensor, kpe: Tensor, prefix_len: Tensor, path: Tensor) -> No
         kpe[:, prefix + i] = kpe[:, prefix + node].clone()
 
 
+def commit_path(target: Tensor, path: Tensor, path_len: Tensor, bonus: Tensor, generated: Tensor,
+                num_generated: Tensor, root: Tensor, prefix_len: Tensor) -> None:
+    start, length = int(num_generated), int(path_len)
+    for i, node in enumerate(path.tolist()[:length]):
+        if start + i < generated.shape[0]:
+            generated[start + i] = target[node]
+    num_generated.fill_(start + length)
+    prefix_len.fill_(int(prefix_len) + length)
+    root.fill_(int(bonus))
+
+
 def _cells(depths: Tensor, ranks: Tensor, num_classes: int) -> tuple[list[int], list[int]]:
     return depths.tolist(), [min(r, num_classes - 1) for r in ranks.tolist()]
 

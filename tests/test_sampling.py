@@ -202,3 +202,10 @@ def test_filtered_logits_keep_at_least_the_best_token():
 def test_cpu_and_cuda_draw_the_same_noise():
     positions = torch.randint(0, 10**6, (50,))
     assert torch.equal(uniforms(99, positions, 1000), uniforms(99, positions.cuda(), 1000).cpu())
+
+
+def test_greedy_picks_need_no_positions_and_sampling_refuses_to_go_without():
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(random.randrange(2**31)))
+    assert torch.equal(pick(logits, None, DecodeConfig()), logits.argmax(-1))
+    with pytest.raises(ValueError, match="needs the positions"):
+        pick(logits, None, DecodeConfig(temperature=0.7))

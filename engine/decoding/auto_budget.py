@@ -38,7 +38,6 @@ from engine.config import DecodeConfig, buckets_up_to
 from engine.decoding.budget import CostTable, choose, confidence_prior, learn_confidence, log_confidence
 from engine.decoding.decoder import DecodeError, Decoder, _StepTensors
 from engine.decoding.in_flight import InFlight
-from engine.decoding.trees import root_tree
 from engine.drafters import Drafter
 from engine.model.target import TargetModel
 from engine.records import BudgetChoice, StepRecord
@@ -159,7 +158,7 @@ class AutoBudgetDecoder(Decoder):
         return known[key]
 
     def _calibration_step(self, budget: int) -> None:
-        tree = root_tree(self.root) if budget == 0 else truncate(self._draft_part()[0], budget)
+        tree = self.root_tree(self.root) if budget == 0 else truncate(self._draft_part()[0], budget)
         tokens, _, depths, _, _, visibility = tree
         self.model.forward(tokens, depths, visibility, self.cache, hidden_layers=self.hidden_layers,
                            batch_invariant=self.cfg.batch_invariant)
@@ -231,7 +230,7 @@ class AutoBudgetDecoder(Decoder):
 
     def _ar_part(self) -> _StepTensors:
         """An AR step without a draft: the root's verify, its hidden states kept for the drafter's next commit."""
-        out, hidden = self._verify_and_accept(self.cache.prefix_len.clone(), root_tree(self.root), None)
+        out, hidden = self._verify_and_accept(self.cache.prefix_len.clone(), self.root_tree(self.root), None)
         if hidden is not None:
             self._pending_hidden.index_copy_(0, self._pending_len.view(1), hidden)
         self._pending_len.add_(1)

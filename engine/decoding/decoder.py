@@ -17,7 +17,7 @@ import torch
 from engine.config import DecodeConfig
 from engine.decoding.node_probs import node_probs
 from engine.decoding.sampling import pick
-from engine.decoding.trees import chain_tree, root_tree
+from engine.decoding.trees import RootTree, chain_tree
 from engine.drafters import Drafter
 from engine.model.cache import LatentCache
 from engine.model.target import TargetModel
@@ -78,10 +78,11 @@ class Decoder:
         last_position = len(self.prompt) + cfg.max_new_tokens + cfg.block_size
         self.cache = LatentCache(mcfg.num_hidden_layers, self.capacity, mcfg.kv_lora_rank, mcfg.qk_rope_head_dim,
                                  dev, model.dtype, model.rope(last_position + 1))
-        slack = cfg.block_size + 1  # the last step may commit past max_new_tokens; a scratch slot follows
+        slack = cfg.block_size + 1  # the last step may commit past max_new_tokens
         self.generated = torch.zeros(cfg.max_new_tokens + slack, dtype=torch.int64, device=dev)
         self.num_generated = torch.zeros((), dtype=torch.int64, device=dev)
         self.root = torch.zeros((), dtype=torch.int64, device=dev)  # the last committed token, not yet cached
+        self.root_tree = RootTree(dev)
         self.steps: list[StepRecord] = []
         self.logits_rows: list[np.ndarray] = []
         self.tokens: list[int] = []
@@ -113,7 +114,7 @@ class Decoder:
         """The step's tree (and the draft it came from; None for AR)."""
         t = self.timer
         if self.drafter is None:
-            return root_tree(self.root), None
+            return self.root_tree(self.root), None
         with t.range("draft"):
             draft = self.drafter.propose(self.root, self.num_generated)
         check_draft(draft, self.depth, self.model, self.drafter.name, len(self.steps))
@@ -140,24 +141,23 @@ class Decoder:
                            draft: torch.Tensor | None) -> tuple[_StepTensors, torch.Tensor | None]:
         """Verify the tree, accept its path, compact the cache and commit the tokens; the step's results and the
         verified nodes' hidden states the drafter reads (None when it reads none), not yet told to the drafter."""
-        t, dev = self.timer, self.model.device
+        t = self.timer
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
             logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers,
                                                 self.cfg.batch_invariant)
             experts_touched = self.model.experts_touched()
-            target = pick(logits, prefix_len + depths + 1, self.cfg)  # node i chooses position i's + 1
+            positions = prefix_len + depths + 1 if self.cfg.temperature > 0 else None  # node i chooses i's + 1
+            target = pick(logits, positions, self.cfg)
         with t.range("tree_accept"):
             path, path_len, bonus = ops.tree_accept(tokens, parents, target, self.depth)
         with t.range("kv_compact"):
-            self.cache.compact(path, path_len)
+            self.cache.compact(path)
         with t.range("commit"):
-            # committed tokens = target along the path: each accepted child's token, then the bonus
-            i = torch.arange(self.depth + 1, device=dev)
-            slots = torch.where(i < path_len, self.num_generated + i, self.generated.shape[0] - 1)
-            self.generated.index_put_((slots,), target[path.clamp(min=0)])
-            self.num_generated.add_(path_len)
-            self.root.copy_(bonus)
+            # committed tokens = target along the path (each accepted child's token, then the bonus); the counters
+            # and the cache's prefix move on by path_len, and the bonus is the next root: one launch
+            ops.commit_path(target, path, path_len, bonus, self.generated, self.num_generated, self.root,
+                            self.cache.prefix_len)
         return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft, experts_touched), hidden
 
     def advance(self) -> _StepTensors:

@@ -62,11 +62,13 @@ def filtered_logits(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
     return scaled
 
 
-def pick(logits: torch.Tensor, positions: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
+def pick(logits: torch.Tensor, positions: torch.Tensor | None, cfg: DecodeConfig) -> torch.Tensor:
     """The target's token [N] for each row of logits [N, V]; positions [N] are the absolute positions of the
-    tokens being chosen (the row's own position + 1)."""
+    tokens being chosen (the row's own position + 1), which key the sampling noise: None at temperature 0."""
     if cfg.temperature == 0.0:
         return logits.argmax(-1)
+    if positions is None:
+        raise ValueError(f"temperature {cfg.temperature} samples: pick needs the positions that key its noise")
     gumbel = -torch.log(-torch.log(uniforms(cfg.seed, positions, logits.shape[-1])))
     return (filtered_logits(logits, cfg) + gumbel).argmax(-1)
 

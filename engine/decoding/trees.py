@@ -9,12 +9,19 @@ import torch
 Tree = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def root_tree(root: torch.Tensor) -> Tree:
-    """A tree of one node, the root (0-dim int64): what AR verifies."""
-    dev = root.device
-    zero = torch.zeros(1, dtype=torch.int64, device=dev)
-    return (root.view(1).clone(), torch.full((1,), -1, dtype=torch.int64, device=dev), zero, zero.clone(),
-            torch.zeros(1, dtype=torch.float32, device=dev), torch.ones(1, 1, dtype=torch.bool, device=dev))
+class RootTree:
+    """The tree of one node, the root: what AR verifies. Its parents, depths, ranks, scores and visibility are the
+    same every step, so they are made once; a step's tree copies only the root (0-dim int64), whose own buffer takes
+    the next root when the step commits."""
+
+    def __init__(self, device: torch.device) -> None:
+        def int64(value: int) -> torch.Tensor:
+            return torch.full((1,), value, dtype=torch.int64, device=device)
+        self._rest = (int64(-1), int64(0), int64(0), torch.zeros(1, dtype=torch.float32, device=device),
+                      torch.ones(1, 1, dtype=torch.bool, device=device))
+
+    def __call__(self, root: torch.Tensor) -> Tree:
+        return (root.view(1).clone(), *self._rest)
 
 
 def chain_tree(draft_logprobs: torch.Tensor, root: torch.Tensor) -> Tree:

@@ -36,6 +36,7 @@ class FastRows:
     """Every row at once, torch's kernels (the fast mode)."""
 
     exact = False
+    pads = False  # whether run() pads the rows (the forward then marks which are real)
 
     def run(self, fn, *rows: torch.Tensor):
         return fn(*rows)
@@ -71,6 +72,7 @@ class BlockRows(FastRows):
     ROW_BLOCK rows."""
 
     exact = True
+    pads = True
 
     def run(self, fn, *rows: torch.Tensor):
         return rowwise(fn, ROW_BLOCK, *rows)
@@ -81,6 +83,8 @@ class InvariantRows:
     float32 and rounded back) and on CUDA (in the rows' dtype). Weights are packed on first use and kept (keyed by the
     weight tensor, which the model holds as long as it holds this): on the CPU a float32 copy of every weight, made by
     the mode's first forward; on CUDA the weights themselves where their K is a multiple of 8."""
+
+    pads = False
 
     def __init__(self, device: torch.device) -> None:
         self.on_cpu = device.type == "cpu"

@@ -30,12 +30,11 @@ class LatentCache:
         self.ckv[layer].index_copy_(0, rows, c.to(self.ckv.dtype))
         self.kpe[layer].index_copy_(0, rows, k_pe.to(self.kpe.dtype))
 
-    def compact(self, path: torch.Tensor, path_len: torch.Tensor) -> None:
-        """Move the accepted nodes' rows into place (path order) and extend the committed prefix by them. A path of
-        one node (AR's root) is in place already: no launch."""
+    def compact(self, path: torch.Tensor) -> None:
+        """Move the accepted nodes' rows into place (path order), past the committed prefix; the step's commit then
+        extends the prefix by them (ops.commit_path). A path of one node (AR's root) is in place already: no launch."""
         if path.shape[0] > 1:
             ops.kv_compact(self.ckv, self.kpe, self.prefix_len, path)
-        self.prefix_len.add_(path_len)
 
     def reset(self) -> None:
         self.prefix_len.zero_()

@@ -124,10 +124,11 @@ def route(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor) -> tuple[t
 
 
 def route_and_count(cfg: ModelConfig, logits: torch.Tensor, bias: torch.Tensor, counts: torch.Tensor,
-                    real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                    real: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's routing of a forward's rows: route()'s choice and weights, and every chosen id of a row that real
-    [N] bool marks counted into counts [E] int32 (ExpertLoad's row of the layer). One ops.moe_route launch, each row
-    alone and in one order whatever the mode (a warp per row on CUDA), where torch's ops took a dozen."""
+    [N] bool marks (None: every row) counted into counts [E] int32 (ExpertLoad's row of the layer). One ops.moe_route
+    launch, each row alone and in one order whatever the mode (a warp per row on CUDA), where torch's ops took a
+    dozen."""
     return ops.moe_route(logits, bias, cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group,
                          cfg.scoring_func == "softmax", cfg.norm_topk_prob, cfg.routed_scaling_factor, counts, real)
 

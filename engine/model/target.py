@@ -190,7 +190,8 @@ class TargetModel:
         self.expert_load.reset()
         with timer.range("embed"):
             x = self.embed[tokens]  # [N, hidden]
-            real = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)  # BlockRows pads blocks with False
+            # which rows are not padding: only BlockRows pads (its blocks with False); else every row, None
+            real = torch.ones(x.shape[0], dtype=torch.bool, device=x.device) if rows.pads else None
             positions = cache.prefix_len + depths
             cos, sin = cache.cos[positions], cache.sin[positions]  # [N, P/2]
             cache_rows = cache.block_rows(x.shape[0])
@@ -245,14 +246,14 @@ class TargetModel:
         with timer.range(name):
             return self.shard.all_reduce(partial)
 
-    def _ffn(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor, timer: StepTimer) -> torch.Tensor:
+    def _ffn(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor | None, timer: StepTimer) -> torch.Tensor:
         x = rows.rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
         return self._moe(rows, layer, x, real, timer) if layer["moe"] else swiglu(x, *layer["mlp"], rows.linear,
                                                                                   rows.silu)
 
-    def _moe(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor, timer: StepTimer) -> torch.Tensor:
+    def _moe(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor | None, timer: StepTimer) -> torch.Tensor:
         """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
-        padding. With a shard: this rank's experts' and shared columns' part of the output."""
+        padding (None: every row). With a shard: this rank's experts' and shared columns' part of the output."""
         logits = rows.linear(x.float(), layer["router"])
         idx, weights = route_and_count(self.cfg, logits, layer["router_bias"],  # [N, k] each
                                        self.expert_load.counts[layer["moe_index"]], real)

@@ -140,6 +140,30 @@ inline void check_kv_compact_args(const at::Tensor& ckv, const at::Tensor& kpe, 
   check_same_device(path, ckv, "path", "ckv");
 }
 
+// commit_path: target [N] and path [P] int64 at any stride, P >= 1; generated [G] int64 contiguous; path_len, bonus,
+// num_generated, root and prefix_len 0-dim int64; all on target's device.
+inline void check_commit_path_args(const at::Tensor& target, const at::Tensor& path, const at::Tensor& path_len,
+                                   const at::Tensor& bonus, const at::Tensor& generated,
+                                   const at::Tensor& num_generated, const at::Tensor& root,
+                                   const at::Tensor& prefix_len) {
+  check_dtype(target, at::kLong, "target");
+  check_shape(target, 1, "target", "[N] (the target's token at every verified node)");
+  check_dtype(path, at::kLong, "path");
+  check_shape(path, 1, "path", "[P] (tree_accept's path)");
+  TORCH_CHECK(path.size(0) >= 1, "path must hold at least the root's entry (P >= 1), got shape ", path.sizes());
+  check_dtype(generated, at::kLong, "generated");
+  check_shape(generated, 1, "generated", "[G] (the generated tokens)");
+  check_contiguous(generated, "generated");
+  check_same_device(path, target, "path", "target");
+  check_same_device(generated, target, "generated", "target");
+  for (const auto& [t, name] : {std::pair{&path_len, "path_len"}, std::pair{&bonus, "bonus"},
+                                std::pair{&num_generated, "num_generated"}, std::pair{&root, "root"},
+                                std::pair{&prefix_len, "prefix_len"}}) {
+    check_index_scalar(*t, name);
+    check_same_device(*t, target, name, "target");
+  }
+}
+
 // The tree of the budget policy's ops: tree_build's scores [N] f32 and parents, depths, ranks [N] i64.
 inline void check_budget_tree_args(const at::Tensor& scores, const at::Tensor& parents, const at::Tensor& depths,
                                    const at::Tensor& ranks) {

@@ -18,6 +18,10 @@ TORCH_LIBRARY(ddtree, m) {
       "tree_accept(Tensor tokens, Tensor parents, Tensor target, int max_depth) -> (Tensor path, Tensor path_len, "
       "Tensor bonus)");
   m.def("kv_compact(Tensor(a!) ckv, Tensor(b!) kpe, Tensor prefix_len, Tensor path) -> ()");
+  // A step's commit: the accepted path's target tokens appended to the generated tokens, the counters moved.
+  m.def(
+      "commit_path(Tensor target, Tensor path, Tensor path_len, Tensor bonus, Tensor(a!) generated, "
+      "Tensor(b!) num_generated, Tensor(c!) root, Tensor(d!) prefix_len) -> ()");
   // The budget policy's bookkeeping of a drafted step (`--budget auto`): the choice and the confidence update.
   m.def(
       "budget_choose(Tensor scores, Tensor parents, Tensor depths, Tensor ranks, Tensor realised, Tensor predicted, "
@@ -52,6 +56,7 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("verify_attn", &ddtree::cpu::verify_attn);
   m.impl("tree_accept", &ddtree::cpu::tree_accept);
   m.impl("kv_compact", &ddtree::cpu::kv_compact);
+  m.impl("commit_path", &ddtree::cpu::commit_path);
   m.impl("budget_choose", &ddtree::cpu::budget_choose);
   m.impl("confidence_learn", &ddtree::cpu::confidence_learn);
   m.impl("linear_rows", &ddtree::cpu::linear_rows);

@@ -23,6 +23,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_accept(const at::Tensor& tok
 
 void kv_compact(const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& prefix_len, const at::Tensor& path);
 
+void commit_path(const at::Tensor& target, const at::Tensor& path, const at::Tensor& path_len, const at::Tensor& bonus,
+                 const at::Tensor& generated, const at::Tensor& num_generated, const at::Tensor& root,
+                 const at::Tensor& prefix_len);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> budget_choose(const at::Tensor& scores, const at::Tensor& parents,
                                                              const at::Tensor& depths, const at::Tensor& ranks,
                                                              const at::Tensor& realised, const at::Tensor& predicted,

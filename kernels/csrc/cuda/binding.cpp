@@ -31,6 +31,7 @@
 #include "../tree_outputs.h"
 #include "budget_choose.cuh"
 #include "cache_attn.cuh"
+#include "commit_path.cuh"
 #include "confidence_learn.cuh"
 #include "expert_rows.cuh"
 #include "graph_switch.cuh"
@@ -299,6 +300,31 @@ void kv_compact(const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& 
   args.path = path.const_data_ptr<int64_t>();
   args.path_size = as_int(path.size(0), op, "path.size(0)");
   check_launch(KvCompact(args, c10::cuda::getCurrentCUDAStream()), op);
+}
+
+void commit_path(const at::Tensor& target, const at::Tensor& path, const at::Tensor& path_len, const at::Tensor& bonus,
+                 const at::Tensor& generated, const at::Tensor& num_generated, const at::Tensor& root,
+                 const at::Tensor& prefix_len) {
+  constexpr const char* op = "commit_path";
+  check_commit_path_args(target, path, path_len, bonus, generated, num_generated, root, prefix_len);
+  check_on_cuda(target, op, "target");
+
+  const c10::cuda::CUDAGuard guard(target.device());
+  CommitPathArgs args{};
+  args.target = target.const_data_ptr<int64_t>();
+  args.target_stride = target.stride(0);
+  args.num_nodes = target.size(0);
+  args.path = path.const_data_ptr<int64_t>();
+  args.path_stride = path.stride(0);
+  args.path_size = path.size(0);
+  args.path_len = path_len.const_data_ptr<int64_t>();
+  args.bonus = bonus.const_data_ptr<int64_t>();
+  args.generated = generated.mutable_data_ptr<int64_t>();
+  args.num_slots = generated.size(0);
+  args.num_generated = num_generated.mutable_data_ptr<int64_t>();
+  args.root = root.mutable_data_ptr<int64_t>();
+  args.prefix_len = prefix_len.mutable_data_ptr<int64_t>();
+  check_launch(CommitPath(args, c10::cuda::getCurrentCUDAStream()), op);
 }
 
 // The tree and tables of the budget ops, checked for the kernels: one block holds the tree, the cells index an int.
@@ -738,6 +764,7 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("verify_attn", &ddtree::cuda::verify_attn);
   m.impl("tree_accept", &ddtree::cuda::tree_accept);
   m.impl("kv_compact", &ddtree::cuda::kv_compact);
+  m.impl("commit_path", &ddtree::cuda::commit_path);
   m.impl("budget_choose", &ddtree::cuda::budget_choose);
   m.impl("confidence_learn", &ddtree::cuda::confidence_learn);
   m.impl("linear_rows", &ddtree::cuda::linear_rows);
