@@ -2,10 +2,10 @@
 
 The model has Kimi-K2's real widths (hidden 7168, 64 heads, q_lora 1536, kv_lora 512, qk_nope 128, rope 64, v 128,
 384 routed experts top-8 plus 1 shared of width 2048, the first layer dense of width 18432, vocab 163840, YaRN as in
-its config) and as many layers as fit in MODEL_BYTES of bf16 weights: 34 GB per MoE layer, so 1 dense + 3 MoE
-layers (about 108 GB; layers_that_fit says). Random weights are made on the device and streamed into the model
-(bench_decode.target_tensors: the lm_head is a permuted embedding, so every greedy argmax wins by a wide margin and
-DDTree must commit exactly the AR tokens).
+its config) and as many layers as fit the GPU's memory less HEADROOM_BYTES: 34 GB per MoE layer, so 1 dense + 3 MoE
+layers on an H200 (about 108 GB) and 1 + 1 on an H100 (40 GB; layers_that_fit says). Random weights are made on the
+device and streamed into the model (bench_decode.target_tensors: the lm_head is a permuted embedding, so every
+greedy argmax wins by a wide margin and DDTree must commit exactly the AR tokens).
 
 After a 4096-token prompt (its prefill time is the median over the run's prefills), AR and DDTree at B in
 {16, 64, 256} with the exact and the noisy oracle step the same decode, then the learned drafter (a random-weight
@@ -78,7 +78,7 @@ from engine.model.read_bytes import TargetBytes
 from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
 
-MODEL_BYTES = 120 * 10**9  # bf16 weights on the H200 (141 GB), leaving room for activations, cache and graphs
+HEADROOM_BYTES = 30 * 10**9  # of the GPU's memory left to activations, the cache, the drafter and graphs
 DFLASH_LAYERS, DFLASH_BLOCK = 6, 8  # the learned drafter's rows: Kimi-K2.5-DFlash's widths and block, 6 layers
 LAYER_TOKENS = (1, 17, 65, 257)  # rows of the moe-layer table: AR and the verify of B = 16, 64, 256
 AUTO_TOKENS = 2 * (MAX_BACKOFF + 1)  # an auto row's timed window: two of its longest back-offs and their probes
@@ -106,7 +106,8 @@ def model_bytes(cfg: ModelConfig, itemsize: int) -> int:
 
 
 def layers_that_fit(budget: int, itemsize: int) -> int:
-    layers = 1
+    """The most Kimi-K2 layers (at least 2: one dense, one MoE) whose weights fit in budget bytes."""
+    layers = 2
     while model_bytes(kimi_k2(layers + 1), itemsize) <= budget:
         layers += 1
     return layers
@@ -337,7 +338,8 @@ def speedup_chart(rows: list[dict], width: int = 40) -> str:
 
 def layers_option(p) -> None:
     p.add_argument("--layers", type=int, default=None, metavar="N",
-                   help="Kimi-K2 layers, the first dense (default: as many as fit one GPU's MODEL_BYTES)")
+                   help="Kimi-K2 layers, the first dense (default: as many as fit the GPU's memory less "
+                        "HEADROOM_BYTES)")
 
 
 def add_comm_share(rows: list[dict]) -> None:
@@ -366,7 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         cfg = quick_k2() if args.layers is None else dataclasses.replace(quick_k2(), num_hidden_layers=args.layers)
     else:
-        cfg = kimi_k2(args.layers or layers_that_fit(MODEL_BYTES, dtype.itemsize))
+        budget = torch.cuda.get_device_properties(device).total_memory - HEADROOM_BYTES
+        cfg = kimi_k2(args.layers or layers_that_fit(budget, dtype.itemsize))
     plan = (Plan(32, (4, 16), (0.0, NOISY), 4, 1, 3, 2, dflash_layers=1, dflash_block_size=4) if args.quick
             else Plan(4096, (16, 64, 256), (0.0, NOISY), 16, 2, 12, 3, dflash_layers=DFLASH_LAYERS,
                       dflash_block_size=DFLASH_BLOCK, auto_tokens=AUTO_TOKENS))

@@ -12,8 +12,8 @@ from test_benchmarks import REPO, assert_positive, check_header, run_quick
 
 from benchmarks.bench_moe import (
     DRAFTER_TABLE,
+    HEADROOM_BYTES,
     LAYER_TOKENS,
-    MODEL_BYTES,
     kimi_k2,
     layers_that_fit,
     model_bytes,
@@ -117,9 +117,12 @@ def test_bench_moe_sets_the_chains_drafter_parts_as_graph_replays_beside_their_f
     assert not any("drafter_forward_graph_ms" in r for r in data["rows"] if r["mode"] != "chain")
 
 
-def test_kimi_k2_layers_fill_the_budget_and_no_more():
-    layers = layers_that_fit(MODEL_BYTES, 2)
-    assert model_bytes(kimi_k2(layers), 2) <= MODEL_BYTES < model_bytes(kimi_k2(layers + 1), 2)
+@pytest.mark.parametrize("gpu_bytes, want", [(150_000_000_000, 4), (85_000_000_000, 2)])  # an H200's, an H100's
+def test_kimi_k2_layers_fill_the_budget_and_no_more(gpu_bytes, want):
+    budget = gpu_bytes - HEADROOM_BYTES
+    layers = layers_that_fit(budget, 2)
+    assert layers == want
+    assert model_bytes(kimi_k2(layers), 2) <= budget < model_bytes(kimi_k2(layers + 1), 2)
     cfg = kimi_k2(layers)
     assert (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
             cfg.intermediate_size, cfg.vocab_size, cfg.first_k_dense_replace) == (7168, 384, 8, 2048, 18432, 163840, 1)
