@@ -123,15 +123,25 @@ head_norm_rope(x [M, H, D], weight [H, D] or None, cos [M, D/2] f32, sin [M, D/2
   contiguous, rows and heads at any stride (a slice of a fused projection's output goes in as it is), D even and at
   most 512; weight x's dtype or float32. The DFlash drafter's q_norm / k_norm and RoPE, and the target's RoPE of
   q_pe and k_pe, one launch each (CUDA: a warp per head).
+latent_write(kv [N, R + P], weight [R], cos [N, P/2] f32, sin [N, P/2] f32, eps, interleave, ckv [S, R], kpe [S, P],
+             rows [N] i64) -> None, ckv and kpe in place.
+  An absorbed-MLA layer's latent cache write in one launch: ckv[rows[i]] = rms_norm_rows(kv[i, :R], weight, eps) and
+  kpe[rows[i]] = head_norm_rope(kv[i, R:] as one head, None, cos[i], sin[i], 0, interleave), the same bits as those
+  two ops on the same device (the kernels share their per-row code), where the two ops and two index_copy_ took four
+  launches. kv float32 or bfloat16, its rows at any stride and its last dim contiguous (the c_kv | k_pe columns of the
+  fused projection go in as they are); weight kv's dtype or float32; ckv and kpe contiguous in kv's dtype (one layer's
+  cache); R >= 1, P even and at most 512; rows at any stride, distinct (of a repeated row one write lands, unordered).
+  No host sync (CUDA: a block per row, as rms_norm_rows), so a captured graph serves every prefix_len.
 
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
 depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0, path_len in [1, P] and num_generated
 >= 0) raise on the CPU. The CUDA ops cannot raise on values without a host sync, so there NaN ranks like -inf,
 prefix_len is clamped into [0, S - N], malformed path entries are skipped and tree_accept stops when the path is
-full; commit_path clamps path_len into [0, P] and writes no slot outside [0, G); in the budget ops a parent not in
-[-1, i) counts as -1, a node at a depth outside [0, L + 1) has no cell (own 0, learns nothing), a negative rank is
-class 0, a bucket is clamped into [0, N - 1], a NaN score's p is NaN and seconds divide as IEEE floats do. The
-engine checks the step's results when it reads its record.
+full; commit_path clamps path_len into [0, P] and writes no slot outside [0, G); latent_write skips a row whose
+cache row is outside [0, S) (the CPU raises before writing any); in the budget ops a parent not in [-1, i) counts as
+-1, a node at a depth outside [0, L + 1) has no cell (own 0, learns nothing), a negative rank is class 0, a bucket
+is clamped into [0, N - 1], a NaN score's p is NaN and seconds divide as IEEE floats do. The engine checks the
+step's results when it reads its record.
 """
 
 from __future__ import annotations
@@ -289,6 +299,13 @@ def head_norm_rope(x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, e
     return _ops().head_norm_rope(x, weight, cos, sin, eps, interleave)
 
 
+def latent_write(kv: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, interleave: bool, ckv: Tensor,
+                 kpe: Tensor, rows: Tensor) -> None:
+    """Write a block's latent cache rows in place: ckv[rows] = the RMSNorm of kv [N, R + P]'s first R columns by
+    weight [R], kpe[rows] = the RoPE of its last P at cos, sin [N, P/2] (rms_norm_rows' and head_norm_rope's bits)."""
+    _ops().latent_write(kv, weight, cos, sin, eps, interleave, ckv, kpe, rows)
+
+
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
     num_nodes = budget + 1
     index = draft_logprobs.new_empty((num_nodes,), dtype=torch.int64)
@@ -355,6 +372,10 @@ def _head_norm_rope_fake(x, weight, cos, sin, eps, interleave=False):
     return x.new_empty(x.shape)
 
 
+def _latent_write_fake(kv, weight, cos, sin, eps, interleave, ckv, kpe, rows):
+    return None
+
+
 @functools.cache
 def _register_fakes() -> None:
     for name, fake in (("tree_build", _tree_build_fake), ("verify_attn", _verify_attn_fake),
@@ -364,7 +385,7 @@ def _register_fakes() -> None:
                        ("linear_rows", _linear_rows_fake), ("rms_norm_rows", _rms_norm_rows_fake),
                        ("moe_route", _moe_route_fake), ("expert_rows", _expert_rows_fake),
                        ("expert_combine", _expert_combine_fake), ("cache_attn", _cache_attn_fake),
-                       ("head_norm_rope", _head_norm_rope_fake)):
+                       ("head_norm_rope", _head_norm_rope_fake), ("latent_write", _latent_write_fake)):
         torch.library.register_fake(f"ddtree::{name}", fake)
 
 

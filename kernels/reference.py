@@ -267,3 +267,12 @@ def head_norm_rope(x: Tensor, weight: Tensor | None, cos: Tensor, sin: Tensor, e
     first, second = (u[..., 0::2], u[..., 1::2]) if interleave else u.chunk(2, dim=-1)
     c, s = cos.double()[:, None], sin.double()[:, None]
     return torch.cat([first * c - second * s, second * c + first * s], dim=-1).to(x.dtype)
+
+
+def latent_write(kv: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, interleave: bool, ckv: Tensor,
+                 kpe: Tensor, rows: Tensor) -> None:
+    """The float64 norm of kv's first R columns and RoPE of its last P (the references above), in kv's dtype, copied to
+    the cache rows."""
+    lat_dim = ckv.shape[1]
+    ckv.index_copy_(0, rows, rms_norm_rows(kv[:, :lat_dim], weight, eps))
+    kpe.index_copy_(0, rows, head_norm_rope(kv[:, None, lat_dim:], None, cos, sin, 0.0, interleave)[:, 0])

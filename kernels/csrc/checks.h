@@ -351,11 +351,17 @@ inline void check_expert_combine_args(const at::Tensor& out, const at::Tensor& s
   check_same_device(group_ends, out, "group_ends", "out");
 }
 
+// A norm's weight: x's dtype (x named x_name) or float32.
+inline void check_norm_weight_dtype(const at::Tensor& weight, const at::Tensor& x, const char* x_name) {
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat, "weight must be ",
+              dtype_name(x.scalar_type()), " (", x_name, "'s dtype) or float32, got ",
+              dtype_name(weight.scalar_type()));
+}
+
 // rms_norm_rows: x [M, D] float32 or bfloat16 with contiguous rows, weight [D] contiguous in x's dtype or float32.
 inline void check_rms_norm_rows_args(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_float_rows(x, "x", "[M, D]");
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat, "weight must be ",
-              dtype_name(x.scalar_type()), " (x's dtype) or float32, got ", dtype_name(weight.scalar_type()));
+  check_norm_weight_dtype(weight, x, "x");
   check_shape(weight, 1, "weight", "[D]");
   check_contiguous(weight, "weight");
   check_same_device(weight, x, "weight", "x");
@@ -395,6 +401,19 @@ inline void check_cache_attn_args(const at::Tensor& q, const at::Tensor& keys, c
 
 constexpr int64_t kMaxHeadNormRopeDim = 512;  // the CUDA kernel holds a head's pairs in a warp's registers
 
+// RoPE angle tables cos and sin [num_rows, half] float32 contiguous (`layout` names the shape), on ref's device.
+inline void check_rope_tables(const at::Tensor& cos, const at::Tensor& sin, int64_t num_rows, int64_t half,
+                              const char* layout, const at::Tensor& ref, const char* ref_name) {
+  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_dtype(*t, at::kFloat, name);
+    check_shape(*t, 2, name, layout);
+    TORCH_CHECK(t->size(0) == num_rows && t->size(1) == half, name, " must be ", layout, " = [", num_rows, ", ", half,
+                "], got ", t->sizes());
+    check_contiguous(*t, name);
+    check_same_device(*t, ref, name, ref_name);
+  }
+}
+
 // head_norm_rope: x [M, H, D] float32 or bfloat16, each head's D values contiguous (rows and heads at any stride), D
 // even and at most kMaxHeadNormRopeDim; weight (optional) [H, D] contiguous in x's dtype or float32; cos and sin
 // [M, D/2] float32 contiguous.
@@ -409,22 +428,53 @@ inline void check_head_norm_rope_args(const at::Tensor& x, const std::optional<a
   TORCH_CHECK(dim >= 2 && dim % 2 == 0 && dim <= kMaxHeadNormRopeDim, "the head dim D = x.size(2) must be even and in "
               "[2, ", kMaxHeadNormRopeDim, "], got ", dim);
   if (weight.has_value()) {
-    TORCH_CHECK(weight->scalar_type() == x.scalar_type() || weight->scalar_type() == at::kFloat, "weight must be ",
-                dtype_name(x.scalar_type()), " (x's dtype) or float32, got ", dtype_name(weight->scalar_type()));
+    check_norm_weight_dtype(*weight, x, "x");
     check_shape(*weight, 2, "weight", "[H, D] (each head's norm weights)");
     TORCH_CHECK(weight->size(0) == x.size(1) && weight->size(1) == dim, "weight must be [H, D] = [", x.size(1), ", ",
                 dim, "], got ", weight->sizes());
     check_contiguous(*weight, "weight");
     check_same_device(*weight, x, "weight", "x");
   }
-  for (const auto& [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    check_dtype(*t, at::kFloat, name);
-    check_shape(*t, 2, name, "[M, D/2]");
-    TORCH_CHECK(t->size(0) == x.size(0) && t->size(1) == dim / 2, name, " must be [M, D/2] = [", x.size(0), ", ",
-                dim / 2, "], got ", t->sizes());
-    check_contiguous(*t, name);
-    check_same_device(*t, x, name, "x");
-  }
+  check_rope_tables(cos, sin, x.size(0), dim / 2, "[M, D/2]", x, "x");
+  TORCH_CHECK(eps >= 0, "eps must be >= 0, got ", eps);
+}
+
+// latent_write: kv [N, R + P] float32 or bfloat16 with contiguous rows (at any stride); weight [R] contiguous in kv's
+// dtype or float32; cos, sin [N, P/2] float32 contiguous; ckv [S, R] and kpe [S, P] contiguous in kv's dtype, R >= 1,
+// P even and at most kMaxHeadNormRopeDim; rows [N] int64 at any stride (its values are checked by the CPU op); all on
+// kv's device.
+inline void check_latent_write_args(const at::Tensor& kv, const at::Tensor& weight, const at::Tensor& cos,
+                                    const at::Tensor& sin, double eps, const at::Tensor& ckv, const at::Tensor& kpe,
+                                    const at::Tensor& rows) {
+  check_float_rows(kv, "kv", "[N, R + P] (the c_kv | k_pe columns of the projection)");
+  check_dtype(ckv, kv.scalar_type(), "ckv (kv's dtype)");
+  check_dtype(kpe, kv.scalar_type(), "kpe (kv's dtype)");
+  check_shape(ckv, 2, "ckv", "[S, R] (one layer's latent cache)");
+  check_shape(kpe, 2, "kpe", "[S, P] (one layer's rope cache)");
+  check_contiguous(ckv, "ckv");
+  check_contiguous(kpe, "kpe");
+  check_same_device(ckv, kv, "ckv", "kv");
+  check_same_device(kpe, kv, "kpe", "kv");
+  TORCH_CHECK(kpe.size(0) == ckv.size(0), "kpe [S, P] and ckv [S, R] must have the same S, got kpe ", kpe.sizes(),
+              " and ckv ", ckv.sizes());
+  const int64_t lat_dim = ckv.size(1), rope_dim = kpe.size(1);
+  TORCH_CHECK(lat_dim >= 1, "ckv [S, R] needs R >= 1 latent dims, got shape ", ckv.sizes());
+  TORCH_CHECK(rope_dim >= 2 && rope_dim % 2 == 0 && rope_dim <= kMaxHeadNormRopeDim, "the rope dim P = kpe.size(1) "
+              "must be even and in [2, ", kMaxHeadNormRopeDim, "], got ", rope_dim);
+  TORCH_CHECK(kv.size(1) == lat_dim + rope_dim, "kv must hold R + P = ", lat_dim, " + ", rope_dim, " = ",
+              lat_dim + rope_dim, " columns (ckv's R, then kpe's P), got shape ", kv.sizes());
+  check_norm_weight_dtype(weight, kv, "kv");
+  check_shape(weight, 1, "weight", "[R] (the latent norm's weight)");
+  TORCH_CHECK(weight.size(0) == lat_dim, "weight must hold R = ckv.size(1) = ", lat_dim, " entries, got ",
+              weight.size(0));
+  check_contiguous(weight, "weight");
+  check_same_device(weight, kv, "weight", "kv");
+  check_rope_tables(cos, sin, kv.size(0), rope_dim / 2, "[N, P/2]", kv, "kv");
+  check_dtype(rows, at::kLong, "rows");
+  check_shape(rows, 1, "rows", "[N] (each row's cache row)");
+  TORCH_CHECK(rows.size(0) == kv.size(0), "rows must hold one cache row per row of kv (N = ", kv.size(0), "), got ",
+              rows.size(0));
+  check_same_device(rows, kv, "rows", "kv");
   TORCH_CHECK(eps >= 0, "eps must be >= 0, got ", eps);
 }
 

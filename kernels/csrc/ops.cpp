@@ -42,6 +42,10 @@ TORCH_LIBRARY(ddtree, m) {
   // The DFlash drafter's attention: grouped-query attention of a few rows over a cache's first num_visible rows.
   m.def("cache_attn(Tensor q, Tensor keys, Tensor values, Tensor num_visible, float scale) -> Tensor");
   m.def("head_norm_rope(Tensor x, Tensor? weight, Tensor cos, Tensor sin, float eps, bool interleave=False) -> Tensor");
+  // An absorbed-MLA layer's latent cache write: each row's c_kv normed into ckv and its k_pe turned into kpe.
+  m.def(
+      "latent_write(Tensor kv, Tensor weight, Tensor cos, Tensor sin, float eps, bool interleave, Tensor(a!) ckv, "
+      "Tensor(b!) kpe, Tensor rows) -> ()");
   // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
   m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");
@@ -66,4 +70,5 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("expert_combine", &ddtree::cpu::expert_combine);
   m.impl("cache_attn", &ddtree::cpu::cache_attn);
   m.impl("head_norm_rope", &ddtree::cpu::head_norm_rope);
+  m.impl("latent_write", &ddtree::cpu::latent_write);
 }

@@ -58,4 +58,7 @@ at::Tensor cache_attn(const at::Tensor& q, const at::Tensor& keys, const at::Ten
 at::Tensor head_norm_rope(const at::Tensor& x, const std::optional<at::Tensor>& weight, const at::Tensor& cos,
                           const at::Tensor& sin, double eps, bool interleave);
 
+void latent_write(const at::Tensor& kv, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                  double eps, bool interleave, const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& rows);
+
 }  // namespace ddtree::cpu

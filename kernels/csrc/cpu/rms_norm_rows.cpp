@@ -1,12 +1,11 @@
 // The row-invariant RMSNorm on the CPU (contract: kernels/ops.py): every row's sum of squares one float32 chain in
-// column order, rows spread over threads whole.
+// column order (row_norm.h, shared with latent_write), rows spread over threads whole.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
-#include <cmath>
-
 #include "../checks.h"
 #include "cpu_ops.h"
+#include "row_norm.h"
 
 namespace ddtree::cpu {
 namespace {
@@ -18,18 +17,7 @@ void norm_rows(const at::Tensor& x, const at::Tensor& weight, float eps, at::Ten
   const W* w = weight.const_data_ptr<W>();
   T* dst = y.mutable_data_ptr<T>();
   at::parallel_for(0, num_rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      const T* row = src + m * stride;
-      float squares = 0.0f;
-      for (int64_t d = 0; d < width; ++d) {
-        const float v = static_cast<float>(row[d]);
-        squares += v * v;
-      }
-      const float scale = 1.0f / std::sqrt(squares / static_cast<float>(width) + eps);
-      for (int64_t d = 0; d < width; ++d) {
-        dst[m * width + d] = static_cast<T>(static_cast<float>(row[d]) * scale * static_cast<float>(w[d]));
-      }
-    }
+    for (int64_t m = begin; m < end; ++m) rms_norm_row(src + m * stride, w, width, eps, dst + m * width);
   });
 }
 

@@ -37,6 +37,7 @@
 #include "graph_switch.cuh"
 #include "head_norm_rope.cuh"
 #include "kv_compact.cuh"
+#include "latent_write.cuh"
 #include "linear_rows.cuh"
 #include "moe_route.cuh"
 #include "rms_norm_rows.cuh"
@@ -746,6 +747,33 @@ at::Tensor head_norm_rope(const at::Tensor& x, const std::optional<at::Tensor>& 
   return y;
 }
 
+void latent_write(const at::Tensor& kv, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
+                  double eps, bool interleave, const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& rows) {
+  constexpr const char* op = "latent_write";
+  check_latent_write_args(kv, weight, cos, sin, eps, ckv, kpe, rows);
+  check_on_cuda(kv, op, "kv");
+  const c10::cuda::CUDAGuard guard(kv.device());
+  LatentWriteArgs args{};
+  args.kv = kv.const_data_ptr();
+  args.kv_stride = kv.stride(0);
+  args.weight = weight.const_data_ptr();
+  args.cos = cos.const_data_ptr<float>();
+  args.sin = sin.const_data_ptr<float>();
+  args.rows = rows.const_data_ptr<int64_t>();
+  args.rows_stride = rows.stride(0);
+  args.ckv = ckv.mutable_data_ptr();
+  args.kpe = kpe.mutable_data_ptr();
+  args.cache_rows = ckv.size(0);
+  args.num_rows = as_int(kv.size(0), op, "N (kv.size(0))");
+  args.lat_dim = as_int(ckv.size(1), op, "R (ckv.size(1))");
+  args.rope_dim = static_cast<int>(kpe.size(1));  // the checks bound P by kMaxHeadNormRopeDim
+  args.eps = static_cast<float>(eps);
+  args.bf16 = kv.scalar_type() == at::kBFloat16;
+  args.weight_f32 = weight.scalar_type() == at::kFloat;
+  args.interleave = interleave;
+  check_launch(LatentWrite(args, c10::cuda::getCurrentCUDAStream()), op);
+}
+
 void graph_upload(int64_t graph_exec) {
   TORCH_CHECK(graph_exec != 0, "graph_upload: graph_exec is 0; pass graph.raw_cuda_graph_exec() of a ",
               "torch.cuda.CUDAGraph whose capture has ended");
@@ -774,6 +802,7 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("expert_combine", &ddtree::cuda::expert_combine);
   m.impl("cache_attn", &ddtree::cuda::cache_attn);
   m.impl("head_norm_rope", &ddtree::cuda::head_norm_rope);
+  m.impl("latent_write", &ddtree::cuda::latent_write);
   m.impl("graph_switch_begin", &ddtree::cuda::graph_switch_begin);
   m.impl("graph_branch_begin", &ddtree::cuda::graph_branch_begin);
   m.impl("graph_branch_end", &ddtree::cuda::graph_branch_end);
