@@ -18,7 +18,7 @@ from engine.config import LATENT_NORM_EPS, ModelConfig
 from engine.loaders.checkpoint import Checkpoint
 from engine.model.batch_rows import FAST, exact_rows
 from engine.model.cache import LatentCache
-from engine.model.layers import apply_rope, fused_rows, swiglu
+from engine.model.layers import ROPE_OP_MAX_DIM, apply_rope, fused_rows, swiglu
 from engine.model.moe import (
     ExpertLoad,
     Experts,
@@ -198,9 +198,8 @@ class TargetModel:
         for i, layer in enumerate(self.layers):
             a = layer["attn"]
             with timer.range(f"layer{i}/attn"):
-                q_lat, q_pe, c, k_pe = rows.run(lambda *t, a=a, layer=layer: self._project(rows, a, layer, *t),
-                                                x, cos, sin)
-                cache.write(i, cache_rows, c, k_pe)
+                q_lat, q_pe, kv = rows.run(lambda *t, a=a, layer=layer: self._project(rows, a, layer, *t), x, cos, sin)
+                self._write_latent(rows, a, cache, i, cache_rows, kv, cos, sin)
                 with timer.range("verify_attn"):
                     o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len,
                                                block_mask, self.scale, batch_invariant=batch_invariant)
@@ -219,19 +218,34 @@ class TargetModel:
         return logits, hidden
 
     def _project(self, rows, a: _Attention, layer: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row: c [N, R], rope(k_pe) [N, P]."""
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row before its norm and RoPE:
+        kv [N, R + P] (c_kv | k_pe, columns of the projection's output)."""
         cfg = self.cfg
         x = rows.rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
         n, h = x.shape[0], a.w_uk.shape[0]  # this rank's heads
-        q, c_kv, k_pe = rows.linear(x, a.x_proj).split([a.q_rows, cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        q, kv = rows.linear(x, a.x_proj).split([a.q_rows, cfg.kv_lora_rank + cfg.qk_rope_head_dim], dim=-1)
         if a.q_b is not None:
             q = rows.linear(rows.rms_norm(q, a.q_a_norm, LATENT_NORM_EPS), a.q_b)
         q_nope, q_pe = q.reshape(n, h, cfg.qk_head_dim).split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         q_pe = apply_rope(q_pe, cos, sin, cfg.rope_interleave)
         q_lat = rows.absorb(q_nope, a.w_uk).contiguous()
-        return (q_lat, q_pe, rows.rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),
-                apply_rope(k_pe, cos, sin, cfg.rope_interleave))
+        return q_lat, q_pe, kv
+
+    def _write_latent(self, rows, a: _Attention, cache: LatentCache, layer: int, cache_rows: torch.Tensor,
+                      kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """The block's latent cache rows: c_kv normed by kv_a_norm and k_pe turned by RoPE, written at cache_rows. One
+        ops.latent_write launch (rms_norm_rows' and head_norm_rope's bits, which every mode's norm and RoPE have
+        there), where norm, RoPE and two copies took four; the separate ops where it cannot run (a RoPE wider than
+        ROPE_OP_MAX_DIM, autograd)."""
+        cfg = self.cfg
+        if cfg.qk_rope_head_dim <= ROPE_OP_MAX_DIM and not (torch.is_grad_enabled() and kv.requires_grad):
+            ops.latent_write(kv, a.kv_a_norm, cos, sin, LATENT_NORM_EPS, cfg.rope_interleave, cache.ckv[layer],
+                             cache.kpe[layer], cache_rows)
+            return
+        c_kv, k_pe = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        cache.write(layer, cache_rows, rows.rms_norm(c_kv, a.kv_a_norm, LATENT_NORM_EPS),
+                    apply_rope(k_pe, cos, sin, cfg.rope_interleave))
 
     def _attention_out(self, rows, a: _Attention, o_lat: torch.Tensor) -> torch.Tensor:
         """Per row: the latent attention output [N, H, R] mapped back per head (W_UV), then o_proj."""
