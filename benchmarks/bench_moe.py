@@ -73,7 +73,7 @@ from engine.decoding.auto_budget import MAX_BACKOFF, AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, Decoder
 from engine.drafters.oracle import OracleDrafter
 from engine.model.moe import dense_moe, grouped_matmul, route, sparse_moe
-from engine.model.parallel import init_from_env, is_collective
+from engine.model.parallel import init_from_env, is_collective, leave
 from engine.model.read_bytes import TargetBytes
 from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
@@ -418,11 +418,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if layers:
         print(f"{text_table(layers, LAYER_COLUMNS)}\n")
     failed = num_failed(rows) + sum(bool(r.get("graph_error")) for r in rows)
-    if shard is not None and shard.rank > 0:
-        return 1 if failed else 0
-    stem = f"moe-{device.type}" + (f"-w{world}" if shard else "")
-    json_path, md_path = write_results(args.out, stem, info, results, tables)
-    print(f"wrote {json_path} and {md_path}" + (f"; {failed} FAILED" if failed else ""))
+    if shard is None or shard.rank == 0:
+        stem = f"moe-{device.type}" + (f"-w{world}" if shard else "")
+        json_path, md_path = write_results(args.out, stem, info, results, tables)
+        print(f"wrote {json_path} and {md_path}" + (f"; {failed} FAILED" if failed else ""))
+    leave()
     return 1 if failed else 0
 
 

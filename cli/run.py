@@ -13,7 +13,8 @@ import sys
 from cli import options as opts
 from cli.request import request_from_args
 from engine.config import DecodeConfig
-from engine.model.parallel import init_from_env
+from engine.decoding.request import DecodeRequest
+from engine.model.parallel import init_from_env, leave
 from engine.records import MODE_LABELS
 from profiling.bandwidth import copy_bandwidth
 from profiling.capture_view import summary_lines
@@ -126,7 +127,14 @@ def run_command(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    leader = shard is None or shard.rank == 0
+    try:
+        return _decode_and_report(args, request, shard is None or shard.rank == 0)
+    finally:
+        leave()
+
+
+def _decode_and_report(args: argparse.Namespace, request: DecodeRequest, leader: bool) -> int:
+    """Every rank decodes; the leader prints the summary and writes the report."""
     progress = DecodeProgress(request.config.max_new_tokens) if leader else None
     repeated = args.repeats > 1  # repeats report their progress per repeat, a single decode per step
     measurement = measure(request, repeats=args.repeats, profile=args.profile, on_step=None if repeated else progress,

@@ -159,6 +159,14 @@ def init_from_env(device: str) -> Shard | None:
     return current_shard()
 
 
+def leave() -> None:
+    """Leave the process group init_from_env joined once every rank is done (nothing for a process alone): a rank
+    that exited while another still wrote its report could be aborted at interpreter exit by gloo's threads."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def is_leader() -> bool:
     """Whether this process writes reports and prints: rank 0, or a single process."""
     shard = current_shard()
