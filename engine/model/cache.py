@@ -19,11 +19,12 @@ class LatentCache:
         self.ckv = torch.zeros(num_layers, capacity, kv_lora_rank, device=device, dtype=dtype)  # [layers, S, R]
         self.kpe = torch.zeros(num_layers, capacity, rope_dim, device=device, dtype=dtype)  # [layers, S, P]
         self.prefix_len = torch.zeros((), dtype=torch.int64, device=device)  # rows holding committed tokens
+        self.offsets = torch.arange(capacity, device=device)  # a block's row offsets, made once
 
     def block_rows(self, num_nodes: int) -> torch.Tensor:
         """The rows a block of num_nodes writes: prefix_len, prefix_len + 1, ... (node i -> row prefix_len + i);
         computed once a forward, for every layer's write."""
-        return self.prefix_len + torch.arange(num_nodes, device=self.prefix_len.device)
+        return self.prefix_len + self.offsets[:num_nodes]
 
     def write(self, layer: int, rows: torch.Tensor, c: torch.Tensor, k_pe: torch.Tensor) -> None:
         """Write a block's c and k_pe rows into layer's cache at rows (block_rows)."""

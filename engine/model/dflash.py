@@ -78,7 +78,8 @@ class DFlashModel:
         self.keys = torch.zeros(shape, device=dev, dtype=dtype)  # [layers, S, Hkv, D], k_norm and RoPE applied
         self.values = torch.zeros(shape, device=dev, dtype=dtype)  # [layers, S, Hkv, D]
         self.length = torch.zeros((), dtype=torch.int64, device=dev)  # valid context rows
-        self.block = torch.arange(num_draft_positions + 1, device=dev)  # offsets of the block's rows
+        self.offsets = torch.arange(capacity, device=dev)  # row offsets, made once: a write's and the block's
+        self.block = self.offsets[: num_draft_positions + 1]  # offsets of the block's rows
         self.mask_tokens = torch.full((num_draft_positions,), cfg.mask_token_id, dtype=torch.int64, device=dev)
         # positions 0 .. capacity + L: the block may sit past the last context row
         self.cos, self.sin = cos_sin(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, capacity + num_draft_positions
@@ -96,7 +97,7 @@ class DFlashModel:
         cfg, w = self.cfg, self.w
         n, num_layers = hidden.shape[0], cfg.num_hidden_layers
         ctx = context_features(cfg, w.fc, w.hidden_norm, hidden)
-        positions = start + torch.arange(n, device=self.keys.device)
+        positions = start + self.offsets[:n]
         kv = F.linear(ctx, w.context_kv)  # [n, 2 layers Hkv D]
         width = num_layers * cfg.num_key_value_heads * cfg.head_dim
         keys = ops.head_norm_rope(kv[:, :width].view(n, -1, cfg.head_dim), w.context_k_norm, self.cos[positions],
