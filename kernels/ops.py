@@ -81,6 +81,15 @@ rms_norm_rows(x [M, D], weight [D], eps) -> y [M, D] (x's dtype).
   chain in column order; CUDA: a block per row, 256 chains (of 16-byte vectors where D allows) folded by a fixed
   tree), so a row's bits are the same whatever M: the batch-invariant mode's norm, one launch (on CUDA every
   mode's: engine/model/layers.py rms_norm).
+add_rms_norm(x [M, D], delta [M, D], weight [D], eps) -> sum [M, D], y [M, D] (x's dtype).
+  The residual add and the norm after it, one launch: sum = x + delta, each element in float32 rounded once (torch's
+  add), and y = rms_norm_rows(sum, weight, eps), the same bits (the kernels share the row's code). x and delta alike
+  in dtype and shape, rows contiguous at any stride; weight as rms_norm_rows takes it.
+silu_mul(gate_up [M, 2I]) -> out [M, I] (gate_up's dtype).
+  SwiGLU's activation, one launch: with gate, up the two halves of a row, out = silu(gate) * up, where silu(g) =
+  g / (1 + e^-g) in float32 is rounded to the dtype before the product, which is rounded again (on CUDA the bits of
+  torch's F.silu(gate) * up; on the CPU within an ulp of them, by its own exp). Each element alone, so batch-invariant.
+  Rows contiguous at any stride (a fused gate/up projection's output goes in as it is).
 moe_route(logits [N, E] f32, bias [E] f32, top_k, num_groups G, top_groups, softmax, normalize, scaling, counts=None,
           real=None) -> idx [N, k] i64, weights [N, k] f32.
   DeepSeek-V3 routing of each row alone, E in 1..8191: scores = sigmoid(logits) (softmax: over the row, its sum in
@@ -269,6 +278,18 @@ def rms_norm_rows(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return _ops().rms_norm_rows(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
 
+def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """x + delta [..., D], and its RMSNorm by weight [D] (rms_norm_rows' bits), in one launch."""
+    total, normed = _ops().add_rms_norm(x.reshape(-1, x.shape[-1]), delta.reshape(-1, delta.shape[-1]), weight, eps)
+    return total.view(x.shape), normed.view(x.shape)
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up of gate_up [..., 2I]'s two halves: [..., I], in one launch."""
+    out = _ops().silu_mul(gate_up.reshape(-1, gate_up.shape[-1]))
+    return out.view(*gate_up.shape[:-1], out.shape[-1])
+
+
 def moe_route(logits: Tensor, bias: Tensor, top_k: int, num_groups: int, top_groups: int, softmax: bool,
               normalize: bool, scaling: float, counts: Tensor | None = None, real: Tensor | None = None
               ) -> tuple[Tensor, Tensor]:
@@ -351,6 +372,14 @@ def _rms_norm_rows_fake(x, weight, eps):
     return torch.empty_like(x)
 
 
+def _add_rms_norm_fake(x, delta, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def _silu_mul_fake(gate_up):
+    return gate_up.new_empty((gate_up.shape[0], gate_up.shape[1] // 2))
+
+
 def _moe_route_fake(logits, bias, top_k, num_groups, top_groups, softmax, normalize, scaling, counts=None, real=None):
     return logits.new_empty((logits.shape[0], top_k), dtype=torch.int64), logits.new_empty((logits.shape[0], top_k))
 
@@ -383,6 +412,7 @@ def _register_fakes() -> None:
                        ("commit_path", _commit_path_fake),
                        ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake),
                        ("linear_rows", _linear_rows_fake), ("rms_norm_rows", _rms_norm_rows_fake),
+                       ("add_rms_norm", _add_rms_norm_fake), ("silu_mul", _silu_mul_fake),
                        ("moe_route", _moe_route_fake), ("expert_rows", _expert_rows_fake),
                        ("expert_combine", _expert_combine_fake), ("cache_attn", _cache_attn_fake),
                        ("head_norm_rope", _head_norm_rope_fake), ("latent_write", _latent_write_fake)):

@@ -184,6 +184,18 @@ def rms_norm_rows(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.double()).to(x.dtype)
 
 
+def add_rms_norm(x: Tensor, delta: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The sum rounded to x's dtype, then rms_norm_rows of that sum."""
+    total = (x.double() + delta.double()).to(x.dtype)
+    return total, rms_norm_rows(total, weight, eps)
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) in float64 rounded to the dtype, times up in float64, rounded."""
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    return ((gate / (1 + torch.exp(-gate))).to(gate_up.dtype).double() * up).to(gate_up.dtype)
+
+
 def moe_route(logits: Tensor, bias: Tensor, top_k: int, num_groups: int, top_groups: int, softmax: bool,
               normalize: bool, scaling: float, counts: Tensor | None = None, real: Tensor | None = None
               ) -> tuple[Tensor, Tensor]:

@@ -127,13 +127,14 @@ def test_bad_inputs_raise_clear_errors(case):
 
 @pytest.mark.parametrize("width", [1, 4, 8, 13, 64, 100])
 def test_invariant_activations_keep_each_rows_bits(width):
-    """torch's CPU silu rounds the elements past a tensor's last full vectors differently; InvariantRows' gives a row
-    the same bits in any call, and the fast one the same values to float32 rounding."""
+    """torch's CPU silu rounds the elements past a tensor's last full vectors differently; InvariantRows' SwiGLU
+    activation gives a row the same bits in any call, and the fast one the same values to float32 rounding."""
     rows = InvariantRows(torch.device("cpu"))
-    x = torch.randn(37, width) * 4
-    full = rows.silu(x)
-    assert torch.equal(full, torch.cat([rows.silu(x[i:i + 1]) for i in range(len(x))]))
-    assert torch.allclose(full, FAST.silu(x), rtol=1e-6, atol=1e-7)
+    x = torch.randn(37, 2 * width) * 4
+    full = rows.gated(x)
+    assert full.shape == (37, width)
+    assert torch.equal(full, torch.cat([rows.gated(x[i:i + 1]) for i in range(len(x))]))
+    assert torch.allclose(full, FAST.gated(x), rtol=1e-6, atol=1e-6)
 
 
 def test_invariant_rows_match_the_fast_ones():
@@ -172,10 +173,10 @@ def test_invariant_activations_hold_across_thread_splits(threads):
     """A pointwise call over more than torch's grain (32768 elements) is split over threads at points that need not
     fall on a vector's edge; InvariantRows' activations give a row its own bits at any thread count and row count."""
     rows = InvariantRows(torch.device("cpu"))
-    x = torch.randn(300, 576)  # 172,800 elements: torch would split it
-    alone = torch.cat([rows.silu(x[i:i + 1]) for i in range(len(x))])
+    x = torch.randn(300, 2 * 576)  # gates of 172,800 elements: torch would split them
+    alone = torch.cat([rows.gated(x[i:i + 1]) for i in range(len(x))])
     for num_threads in (1, 2, 3):
         torch.set_num_threads(num_threads)
         for m in (1, 57, 300):
-            assert torch.equal(rows.silu(x[:m]), alone[:m]), (num_threads, m)
-    assert rows.silu(torch.randn(3, 0)).shape == (3, 0)
+            assert torch.equal(rows.gated(x[:m]), alone[:m]), (num_threads, m)
+    assert rows.gated(torch.randn(3, 0)).shape == (3, 0)

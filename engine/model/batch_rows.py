@@ -2,16 +2,18 @@
 
 The forward's per-row work (norms, projections, the FFN, the head) goes through a Rows: `run(fn, *rows)` calls fn on
 the rows, `linear` is F.linear, `absorb` and `expand` the per-head maps of absorbed attention (q_nope through W_UK,
-the latent output through W_UV), `rms_norm`, `silu` and `routed` the routed experts' output. The routing is each
+the latent output through W_UV), `rms_norm`, `add_rms_norm` (a residual add and the norm after it), `gated`
+(SwiGLU's silu(gate) * up) and `routed` the routed experts' output. The routing is each
 row alone in every mode (ops.moe_route: engine/model/moe.py route_and_count).
 - FAST: every row at once through torch's kernels, whose reductions (matmuls, means) change order with the row count.
 - InvariantRows (batch-invariant, the CPU and CUDA): every row at once through ops whose every output is reduced in
   an order fixed by its row alone: kernels.ops.linear_rows for the matmuls and each routed expert over the rows that
   chose it (one grouped call per projection), ops.rms_norm_rows for the norms, ops.expert_combine for a token's k
   expert outputs. No row padding: an AR step's row costs one row's
-  work. Elementwise work rounds each element alike whatever the call holds, except torch's CPU silu, which computes
-  the elements past a tensor's last full vectors by a scalar path that rounds differently: on the CPU InvariantRows
-  pads each row to a multiple of ROW_VECTOR elements for it.
+  work. Elementwise work rounds each element alike whatever the call holds (on CUDA the norms and SwiGLU's
+  activation are every mode's fused ops: engine/model/layers.py), except torch's CPU silu, which computes the elements
+  past a tensor's last full vectors by a scalar path that rounds differently: on the CPU InvariantRows pads each row
+  to a multiple of ROW_VECTOR elements for it.
 - BlockRows (batch-invariant, the fallback where linear_rows' bfloat16 kernel does not run: CUDA before sm_80):
   blocks of exactly ROW_BLOCK rows, the last zero-padded; a kernel is chosen by its shapes, so every row goes through
   the same kernels whatever the call holds; the experts padded alike (engine/model/moe.py).
@@ -23,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers import rms_norm, rowwise
+from engine.model.layers import add_rms_norm, rms_norm, rowwise, silu_mul
 from engine.model.moe import Experts, dense_moe, sparse_moe
 from kernels import ops
 
@@ -55,8 +57,12 @@ class FastRows:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)
 
-    def silu(self, t: torch.Tensor) -> torch.Tensor:
-        return F.silu(t)
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(x, delta, weight, eps, self.rms_norm)
+
+    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_mul(gate_up)
 
     def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts
                ) -> torch.Tensor:
@@ -123,8 +129,16 @@ class InvariantRows:
         """layers.rms_norm with each row reduced in an order fixed by its width alone (ops.rms_norm_rows)."""
         return ops.rms_norm_rows(x, weight, eps)
 
-    def silu(self, t: torch.Tensor) -> torch.Tensor:
-        return _whole_vectors(F.silu, t) if self.on_cpu else F.silu(t)
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(x, delta, weight, eps, self.rms_norm)
+
+    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up, each row's silu on the CPU over whole vectors (_whole_vectors)."""
+        if not self.on_cpu:
+            return silu_mul(gate_up)
+        gate, up = gate_up.tensor_split(2, dim=-1)
+        return _whole_vectors(F.silu, gate) * up
 
     def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts
                ) -> torch.Tensor:
@@ -135,8 +149,8 @@ class InvariantRows:
         group and adds nothing."""
         num_experts, hidden, width = experts.down.shape
         rows, slots, ends = ops.expert_rows(x, idx, num_experts)
-        gate, up = self._rows(rows, experts.gate_up, 2 * width, group_ends=ends).chunk(2, dim=-1)
-        out = self._rows(self.silu(gate) * up, experts.down, hidden, group_ends=ends)
+        gate_up = self._rows(rows, experts.gate_up, 2 * width, group_ends=ends)
+        out = self._rows(self.gated(gate_up), experts.down, hidden, group_ends=ends)
         return ops.expert_combine(out, slots, weights.float(), ends)
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.loaders.dflash_config import DFlashConfig
-from engine.model.layers import apply_rope, fused_rows, rms_norm, swiglu
+from engine.model.layers import add_rms_norm, apply_rope, fused_rows, rms_norm, swiglu
 from kernels import ops
 
 QKV = "self_attn.qkv_proj.weight"  # [(Hq + 2 Hkv) D, d]: q_proj, k_proj, v_proj
@@ -117,8 +117,8 @@ def cached_draft_layer(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: tor
 def attention_out(cfg: DFlashConfig, layer: dict[str, torch.Tensor], x: torch.Tensor,
                   attn: torch.Tensor) -> torch.Tensor:
     """The layer after its attention [..., Hq D]: o_proj; residual; RMSNorm; SwiGLU; residual."""
-    x = x + F.linear(attn, layer["self_attn.o_proj.weight"])
-    h = rms_norm(x, layer["post_attention_layernorm.weight"], cfg.rms_norm_eps)
+    x, h = add_rms_norm(x, F.linear(attn, layer["self_attn.o_proj.weight"]), layer["post_attention_layernorm.weight"],
+                        cfg.rms_norm_eps)
     return x + swiglu(h, layer[GATE_UP], layer["mlp.down_proj.weight"])
 
 

@@ -16,19 +16,44 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     step's few rows on the H200, where the float32 ops below would take eight launches), or torch's fused kernel
     where autograd needs it (the trainers); within a bfloat16 ulp of the float32 ops."""
     if x.is_cuda:
-        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        if needs_autograd(x, weight):
             return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)
         return ops.rms_norm_rows(x, weight if weight.dtype == torch.float32 else weight.to(x.dtype), eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, linear=F.linear, silu=F.silu
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, norm=rms_norm
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream after a block and the norm the next block reads: (x + delta, norm(x + delta)). On CUDA one
+    ops.add_rms_norm launch (rms_norm's bits there, in every mode) where the add and the norm took two; else, and
+    under autograd, the add and norm (the batch-invariant mode's on the CPU: engine/model/batch_rows.py)."""
+    if x.is_cuda and not needs_autograd(x, delta, weight):
+        return ops.add_rms_norm(x, delta, weight if weight.dtype == torch.float32 else weight.to(x.dtype), eps)
+    x = x + delta
+    return x, norm(x, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [..., 2I]'s halves (a fused gate/up projection's output): on CUDA one ops.silu_mul
+    launch with the bits of the two torch kernels it replaces; torch's where autograd needs it and on the CPU."""
+    if gate_up.is_cuda and not needs_autograd(gate_up):
+        return ops.silu_mul(gate_up)
+    gate, up = gate_up.tensor_split(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, linear=F.linear, gated=silu_mul
            ) -> torch.Tensor:
     """down(silu(gate x) * up x) with gate_up the gate and up projections stacked [2I, d] (fused_rows): one matmul
-    for both. linear, silu: the batch-invariant mode's on the CPU (engine/model/batch_rows.py), else torch's."""
-    gate, up = linear(x, gate_up).chunk(2, dim=-1)
-    return linear(silu(gate) * up, down)
+    for both. linear, gated: the batch-invariant mode's on the CPU (engine/model/batch_rows.py), else silu_mul and
+    torch's matmul."""
+    return linear(gated(linear(x, gate_up)), down)
+
+
+def needs_autograd(*tensors: torch.Tensor) -> bool:
+    """Whether an op on tensors would be recorded for backward (a trainer's forward): the fused ops have none."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def fused_rows(*weights: torch.Tensor) -> torch.Tensor:
@@ -45,7 +70,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
     x's rows and heads at any stride): the target's q_pe and k_pe take two launches a layer where the forms below
     take four (complex, CUDA) or ten (real, the CPU) each. Each row alone, so in both modes. The trainers' forms:
     _rope_complex on CUDA, the real arithmetic below on the CPU (whose bits do not depend on the call's size)."""
-    if _rope_op_takes(x, cos, sin) and not (torch.is_grad_enabled() and x.requires_grad):
+    if _rope_op_takes(x, cos, sin) and not needs_autograd(x):
         heads = x if x.dim() == 3 else x[:, None]
         return ops.head_norm_rope(heads, None, cos, sin, 0.0, interleave).view(x.shape)
     if x.is_cuda:

@@ -41,9 +41,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engine.config import ModelConfig
+from engine.model.layers import silu_mul
 from kernels import ops
 
 EXPERT_TENSOR = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
@@ -195,10 +195,10 @@ def _expert_mlp(rows: torch.Tensor, experts: Experts, offs: torch.Tensor, matmul
     """SwiGLU of each group of rows through its expert: rows [M, H], group e = rows offs[e-1]:offs[e] (int32; rows
     past the last: zeros with linear_rows, not computed with torch._grouped_mm)."""
     if matmul == "linear_rows":  # the stacks are [E, N, K] with K a multiple of 8 (sparse_runs): packed as they are
-        gate, up = ops.linear_rows(rows, experts.gate_up, experts.gate_up.shape[1], offs).chunk(2, dim=-1)
-        return ops.linear_rows(F.silu(gate) * up, experts.down, experts.down.shape[1], offs)
-    gate, up = torch._grouped_mm(rows, experts.gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-    return torch._grouped_mm(F.silu(gate) * up, experts.down.transpose(1, 2), offs=offs)
+        gate_up = ops.linear_rows(rows, experts.gate_up, experts.gate_up.shape[1], offs)
+        return ops.linear_rows(silu_mul(gate_up), experts.down, experts.down.shape[1], offs)
+    gate_up = torch._grouped_mm(rows, experts.gate_up.transpose(1, 2), offs=offs)
+    return torch._grouped_mm(silu_mul(gate_up), experts.down.transpose(1, 2), offs=offs)
 
 
 def _grouped_padded(rows: torch.Tensor, ends: torch.Tensor, experts: Experts, capacity: int, matmul: str
@@ -231,8 +231,8 @@ def dense_moe(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts
     rank's expert: local_routing), which adds nothing."""
     num_experts = experts.down.shape[0]
     dense = dense_weights(idx, weights, num_experts + 1)[:, :num_experts]
-    gate, up = torch.einsum("nd,eid->eni", x, experts.gate_up).chunk(2, dim=-1)  # [E, N, I] each
-    out = torch.einsum("eni,edi->end", F.silu(gate) * up, experts.down)  # [E, N, H]
+    gate_up = torch.einsum("nd,eid->eni", x, experts.gate_up)  # [E, N, 2I]
+    out = torch.einsum("eni,edi->end", silu_mul(gate_up), experts.down)  # [E, N, H]
     return torch.einsum("end,ne->nd", out.float(), dense).to(x.dtype)
 
 

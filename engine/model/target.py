@@ -18,7 +18,7 @@ from engine.config import LATENT_NORM_EPS, ModelConfig
 from engine.loaders.checkpoint import Checkpoint
 from engine.model.batch_rows import FAST, exact_rows
 from engine.model.cache import LatentCache
-from engine.model.layers import ROPE_OP_MAX_DIM, apply_rope, fused_rows, swiglu
+from engine.model.layers import ROPE_OP_MAX_DIM, apply_rope, fused_rows, needs_autograd, swiglu
 from engine.model.moe import (
     ExpertLoad,
     Experts,
@@ -195,34 +195,38 @@ class TargetModel:
             positions = cache.prefix_len + depths
             cos, sin = cache.cos[positions], cache.sin[positions]  # [N, P/2]
             cache_rows = cache.block_rows(x.shape[0])
+            # h: the normed x the next block reads; after this one each residual add and that norm are one step
+            h = rows.run(lambda x: rows.rms_norm(x, self.layers[0]["norm1"], cfg.rms_norm_eps), x)
         for i, layer in enumerate(self.layers):
             a = layer["attn"]
             with timer.range(f"layer{i}/attn"):
-                q_lat, q_pe, kv = rows.run(lambda *t, a=a, layer=layer: self._project(rows, a, layer, *t), x, cos, sin)
+                q_lat, q_pe, kv = rows.run(lambda *t, a=a: self._project(rows, a, *t), h, cos, sin)
                 self._write_latent(rows, a, cache, i, cache_rows, kv, cos, sin)
                 with timer.range("verify_attn"):
                     o_lat, _ = ops.verify_attn(q_lat, q_pe, cache.ckv[i], cache.kpe[i], cache.prefix_len,
                                                block_mask, self.scale, batch_invariant=batch_invariant)
-                x = x + self._reduce(rows.run(lambda o, a=a: self._attention_out(rows, a, o), o_lat), timer,
-                                     ATTN_REDUCE)
+                out = self._reduce(rows.run(lambda o, a=a: self._attention_out(rows, a, o), o_lat), timer,
+                                   ATTN_REDUCE)
+                x, h = rows.add_rms_norm(x, out, layer["norm2"], cfg.rms_norm_eps)
             with timer.range(f"layer{i}/{'moe' if layer['moe'] else 'mlp'}"):
-                y = rows.run(lambda x, real, layer=layer: self._ffn(rows, layer, x, real, timer), x, real)
-                x = x + self._reduce(y, timer, MOE_COMBINE if layer["moe"] else ATTN_REDUCE)
+                y = rows.run(lambda h, real, layer=layer: self._ffn(rows, layer, h, real, timer), h, real)
+                y = self._reduce(y, timer, MOE_COMBINE if layer["moe"] else ATTN_REDUCE)
+                last = i + 1 == len(self.layers)
+                x, h = rows.add_rms_norm(x, y, self.final_norm if last else self.layers[i + 1]["norm1"],
+                                         cfg.rms_norm_eps)
             if i in hidden_layers:
                 captured[i] = x
         with timer.range("lm_head"):
-            x = rows.run(lambda x: rows.rms_norm(x, self.final_norm, cfg.rms_norm_eps), x)
-            logits = rows.run(lambda x: rows.linear(x, self.lm_head), x).float()
-        captured[cfg.num_hidden_layers - 1] = x  # transformers' last hidden state is after the final norm
+            logits = rows.run(lambda h: rows.linear(h, self.lm_head), h).float()
+        captured[cfg.num_hidden_layers - 1] = h  # transformers' last hidden state is after the final norm
         hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         return logits, hidden
 
-    def _project(self, rows, a: _Attention, layer: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def _project(self, rows, a: _Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row before its norm and RoPE:
-        kv [N, R + P] (c_kv | k_pe, columns of the projection's output)."""
+        """Per row of the normed x: q_lat [N, H, R], rope(q_pe) [N, H, P], and the latent cache row before its norm
+        and RoPE: kv [N, R + P] (c_kv | k_pe, columns of the projection's output)."""
         cfg = self.cfg
-        x = rows.rms_norm(x, layer["norm1"], cfg.rms_norm_eps)
         n, h = x.shape[0], a.w_uk.shape[0]  # this rank's heads
         q, kv = rows.linear(x, a.x_proj).split([a.q_rows, cfg.kv_lora_rank + cfg.qk_rope_head_dim], dim=-1)
         if a.q_b is not None:
@@ -239,7 +243,7 @@ class TargetModel:
         there), where norm, RoPE and two copies took four; the separate ops where it cannot run (a RoPE wider than
         ROPE_OP_MAX_DIM, autograd)."""
         cfg = self.cfg
-        if cfg.qk_rope_head_dim <= ROPE_OP_MAX_DIM and not (torch.is_grad_enabled() and kv.requires_grad):
+        if cfg.qk_rope_head_dim <= ROPE_OP_MAX_DIM and not needs_autograd(kv):
             ops.latent_write(kv, a.kv_a_norm, cos, sin, LATENT_NORM_EPS, cfg.rope_interleave, cache.ckv[layer],
                              cache.kpe[layer], cache_rows)
             return
@@ -261,9 +265,9 @@ class TargetModel:
             return self.shard.all_reduce(partial)
 
     def _ffn(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor | None, timer: StepTimer) -> torch.Tensor:
-        x = rows.rms_norm(x, layer["norm2"], self.cfg.rms_norm_eps)
+        """The MLP or MoE of the normed x."""
         return self._moe(rows, layer, x, real, timer) if layer["moe"] else swiglu(x, *layer["mlp"], rows.linear,
-                                                                                  rows.silu)
+                                                                                  rows.gated)
 
     def _moe(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor | None, timer: StepTimer) -> torch.Tensor:
         """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
@@ -277,5 +281,5 @@ class TargetModel:
                 idx, weights = local_routing(idx, weights, held.start, held.stop - held.start)
         y = rows.routed(self.moe_path == "sparse", x, idx, weights, layer["experts"])
         if "shared" in layer:
-            y = y + swiglu(x, *layer["shared"], rows.linear, rows.silu)
+            y = y + swiglu(x, *layer["shared"], rows.linear, rows.gated)
         return y

@@ -370,6 +370,24 @@ inline void check_rms_norm_rows_args(const at::Tensor& x, const at::Tensor& weig
   TORCH_CHECK(eps >= 0, "eps must be >= 0, got ", eps);
 }
 
+// add_rms_norm: x and delta [M, D] alike in dtype (float32 or bfloat16) and shape, with contiguous rows at any
+// stride; weight [D] as rms_norm_rows takes it.
+inline void check_add_rms_norm_args(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                    double eps) {
+  check_rms_norm_rows_args(x, weight, eps);
+  check_float_rows(delta, "delta", "[M, D] (what the residual stream x gains)");
+  check_dtype(delta, x.scalar_type(), "delta (x's dtype)");
+  check_same_device(delta, x, "delta", "x");
+  TORCH_CHECK(delta.sizes() == x.sizes(), "delta must have x's shape ", x.sizes(), ", got ", delta.sizes());
+}
+
+// silu_mul: gate_up [M, 2I] float32 or bfloat16 with contiguous rows at any stride (a fused projection's output).
+inline void check_silu_mul_args(const at::Tensor& gate_up) {
+  check_float_rows(gate_up, "gate_up", "[M, 2I] (the gate columns, then the up columns)");
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must hold an even number of columns (I gate, then I up), got shape ",
+              gate_up.sizes());
+}
+
 // cache_attn: q [N, Hq, D] with contiguous heads (its rows at any stride), keys and values [S, Hkv, D] contiguous,
 // float32 or bfloat16 alike, Hq a multiple of Hkv, N >= 1, S >= 1; num_visible a 0-dim int64 on their device (its
 // value is checked by the CPU op).

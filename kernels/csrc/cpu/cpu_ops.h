@@ -41,6 +41,11 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& packed, int64_t ou
 
 at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                                double eps);
+
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> expert_rows(const at::Tensor& x, const at::Tensor& idx,
                                                            int64_t num_experts);
 

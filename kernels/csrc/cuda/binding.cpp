@@ -29,6 +29,7 @@
 #include "../cache_attn_torch.h"
 #include "../checks.h"
 #include "../tree_outputs.h"
+#include "add_rms_norm.cuh"
 #include "budget_choose.cuh"
 #include "cache_attn.cuh"
 #include "commit_path.cuh"
@@ -41,6 +42,7 @@
 #include "linear_rows.cuh"
 #include "moe_route.cuh"
 #include "rms_norm_rows.cuh"
+#include "silu_mul.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
 #include "verify_attn.cuh"
@@ -603,6 +605,48 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
   return y;
 }
 
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                                double eps) {
+  constexpr const char* op = "add_rms_norm";
+  check_add_rms_norm_args(x, delta, weight, eps);
+  check_on_cuda(x, op, "x");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor sum = at::empty(x.sizes(), x.options());
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  AddRmsNormArgs args{};
+  args.x = x.const_data_ptr();
+  args.x_stride = x.stride(0);
+  args.delta = delta.const_data_ptr();
+  args.delta_stride = delta.stride(0);
+  args.weight = weight.const_data_ptr();
+  args.sum = sum.mutable_data_ptr();
+  args.y = y.mutable_data_ptr();
+  args.num_rows = as_int(x.size(0), op, "M (x.size(0))");
+  args.width = as_int(x.size(1), op, "D (x.size(1))");
+  args.eps = static_cast<float>(eps);
+  args.bf16 = x.scalar_type() == at::kBFloat16;
+  args.weight_f32 = weight.scalar_type() == at::kFloat;
+  check_launch(AddRmsNorm(args, c10::cuda::getCurrentCUDAStream()), op);
+  return {sum, y};
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  constexpr const char* op = "silu_mul";
+  check_silu_mul_args(gate_up);
+  check_on_cuda(gate_up, op, "gate_up");
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  at::Tensor out = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  SiluMulArgs args{};
+  args.gate_up = gate_up.const_data_ptr();
+  args.row_stride = gate_up.stride(0);
+  args.out = out.mutable_data_ptr();
+  args.num_rows = as_int(gate_up.size(0), op, "M (gate_up.size(0))");
+  args.width = as_int(out.size(1), op, "I (gate_up.size(1) / 2)");
+  args.bf16 = gate_up.scalar_type() == at::kBFloat16;
+  check_launch(SiluMul(args, c10::cuda::getCurrentCUDAStream()), op);
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> moe_route(const at::Tensor& logits, const at::Tensor& bias, int64_t top_k,
                                              int64_t num_groups, int64_t top_groups, bool softmax, bool normalize,
                                              double scaling, const std::optional<at::Tensor>& counts,
@@ -797,6 +841,8 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("confidence_learn", &ddtree::cuda::confidence_learn);
   m.impl("linear_rows", &ddtree::cuda::linear_rows);
   m.impl("rms_norm_rows", &ddtree::cuda::rms_norm_rows);
+  m.impl("add_rms_norm", &ddtree::cuda::add_rms_norm);
+  m.impl("silu_mul", &ddtree::cuda::silu_mul);
   m.impl("moe_route", &ddtree::cuda::moe_route);
   m.impl("expert_rows", &ddtree::cuda::expert_rows);
   m.impl("expert_combine", &ddtree::cuda::expert_combine);

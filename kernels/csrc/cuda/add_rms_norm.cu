@@ -1,0 +1,60 @@
+// The residual add and RMSNorm's kernel (add_rms_norm.cuh has the contract): a block per row adds its columns in
+// rms_norm_rows' column order, writes the sum, then norms the sum row it wrote (row_norm.cuh).
+#include <cuda_bf16.h>
+
+#include "add_rms_norm.cuh"
+#include "common.cuh"
+#include "row_norm.cuh"
+
+namespace ddtree::cuda {
+namespace {
+
+// sum[d] = x[d] + delta[d] in float32, rounded to T, each thread over the columns rms_norm_row gives it.
+template <typename T>
+__device__ __forceinline__ void add_row(const T* x, const T* delta, T* sum, int width) {
+  constexpr int kVec = Vec<T>::kSize;
+  const bool aligned = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(delta) |
+                        reinterpret_cast<uintptr_t>(sum)) % 16 == 0;
+  if (width % kVec == 0 && aligned) {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < width / kVec; c += kRowNormThreads) {
+      const Vec<T> a = load_vec(x, c, true), b = load_vec(delta, c, true);
+      Vec<T> out;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) out.v[i] = from_float<T>(to_float(a.v[i]) + to_float(b.v[i]));
+      reinterpret_cast<Vec<T>*>(sum)[c] = out;
+    }
+  } else {
+    for (int d = threadIdx.x; d < width; d += kRowNormThreads) {
+      sum[d] = from_float<T>(to_float(x[d]) + to_float(delta[d]));
+    }
+  }
+}
+
+template <typename T, typename W>
+__global__ void __launch_bounds__(kRowNormThreads) add_rms_norm_kernel(const AddRmsNormArgs a) {
+  __shared__ RowNormShared shared;
+  const int64_t m = blockIdx.x;
+  T* sum = static_cast<T*>(a.sum) + m * a.width;
+  add_row<T>(static_cast<const T*>(a.x) + m * a.x_stride, static_cast<const T*>(a.delta) + m * a.delta_stride, sum,
+             a.width);
+  __syncthreads();  // the sum row, written by the whole block, is what the norm reads
+  rms_norm_row<T, W>(sum, static_cast<const W*>(a.weight), static_cast<T*>(a.y) + m * a.width, a.width, a.eps,
+                     shared);
+}
+
+}  // namespace
+
+cudaError_t AddRmsNorm(const AddRmsNormArgs& a, cudaStream_t stream) {
+  if (a.num_rows == 0 || a.width == 0) return cudaSuccess;
+  if (!a.bf16) {
+    add_rms_norm_kernel<float, float><<<a.num_rows, kRowNormThreads, 0, stream>>>(a);
+  } else if (a.weight_f32) {
+    add_rms_norm_kernel<__nv_bfloat16, float><<<a.num_rows, kRowNormThreads, 0, stream>>>(a);
+  } else {
+    add_rms_norm_kernel<__nv_bfloat16, __nv_bfloat16><<<a.num_rows, kRowNormThreads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace ddtree::cuda
