@@ -34,25 +34,26 @@ __device__ __forceinline__ void add_row(const T* x, const T* delta, T* sum, int 
 template <typename T, typename W>
 __global__ void __launch_bounds__(kRowNormThreads) add_rms_norm_kernel(const AddRmsNormArgs a) {
   __shared__ RowNormShared shared;
+  const RmsNormRowsArgs& n = a.norm;
   const int64_t m = blockIdx.x;
-  T* sum = static_cast<T*>(a.sum) + m * a.width;
-  add_row<T>(static_cast<const T*>(a.x) + m * a.x_stride, static_cast<const T*>(a.delta) + m * a.delta_stride, sum,
-             a.width);
+  T* sum = static_cast<T*>(a.sum) + m * n.width;
+  add_row<T>(static_cast<const T*>(n.x) + m * n.row_stride, static_cast<const T*>(a.delta) + m * a.delta_stride, sum,
+             n.width);
   __syncthreads();  // the sum row, written by the whole block, is what the norm reads
-  rms_norm_row<T, W>(sum, static_cast<const W*>(a.weight), static_cast<T*>(a.y) + m * a.width, a.width, a.eps,
-                     shared);
+  rms_norm_row<T, W>(sum, static_cast<const W*>(n.weight), static_cast<T*>(n.y) + m * n.width, n.width, n.eps, shared);
 }
 
 }  // namespace
 
 cudaError_t AddRmsNorm(const AddRmsNormArgs& a, cudaStream_t stream) {
-  if (a.num_rows == 0 || a.width == 0) return cudaSuccess;
-  if (!a.bf16) {
-    add_rms_norm_kernel<float, float><<<a.num_rows, kRowNormThreads, 0, stream>>>(a);
-  } else if (a.weight_f32) {
-    add_rms_norm_kernel<__nv_bfloat16, float><<<a.num_rows, kRowNormThreads, 0, stream>>>(a);
+  const RmsNormRowsArgs& n = a.norm;
+  if (n.num_rows == 0 || n.width == 0) return cudaSuccess;
+  if (!n.bf16) {
+    add_rms_norm_kernel<float, float><<<n.num_rows, kRowNormThreads, 0, stream>>>(a);
+  } else if (n.weight_f32) {
+    add_rms_norm_kernel<__nv_bfloat16, float><<<n.num_rows, kRowNormThreads, 0, stream>>>(a);
   } else {
-    add_rms_norm_kernel<__nv_bfloat16, __nv_bfloat16><<<a.num_rows, kRowNormThreads, 0, stream>>>(a);
+    add_rms_norm_kernel<__nv_bfloat16, __nv_bfloat16><<<n.num_rows, kRowNormThreads, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }

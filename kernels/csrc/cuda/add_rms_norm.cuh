@@ -8,21 +8,15 @@
 
 #include <cstdint>
 
+#include "rms_norm_rows.cuh"
+
 namespace ddtree::cuda {
 
 struct AddRmsNormArgs {
-  const void* x;  // [M, D], rows at x_stride elements
-  int64_t x_stride;
-  const void* delta;  // [M, D] in x's dtype, rows at delta_stride elements
+  RmsNormRowsArgs norm;  // x [M, D] (the residual stream), weight, y [M, D], the widths, eps and the dtypes
+  const void* delta;     // [M, D] in x's dtype, rows at delta_stride elements
   int64_t delta_stride;
-  const void* weight;  // [D], x's dtype or float32
-  void* sum;           // [M, D] contiguous, x's dtype
-  void* y;             // [M, D] contiguous, x's dtype
-  int num_rows;        // M
-  int width;           // D
-  float eps;
-  bool bf16;        // x, delta, sum and y bfloat16, else float32
-  bool weight_f32;  // weight float32, else x's dtype
+  void* sum;  // [M, D] contiguous, x's dtype
 };
 
 cudaError_t AddRmsNorm(const AddRmsNormArgs& args, cudaStream_t stream);

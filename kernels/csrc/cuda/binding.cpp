@@ -585,12 +585,9 @@ void graph_switch_end(const at::Tensor& index, int64_t switch_id) {
 // -- graph upload (kernels/graph_upload.py) ------------------------------------------------------------------------
 // Without it a graph's first replay uploads it, so the first replay of a large graph costs several replays.
 
-at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  constexpr const char* op = "rms_norm_rows";
-  check_rms_norm_rows_args(x, weight, eps);
-  check_on_cuda(x, op, "x");
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty(x.sizes(), x.options());
+// rms_norm_rows' launch arguments, which add_rms_norm's norm shares: x [M, D] normed by weight into y.
+RmsNormRowsArgs norm_rows_args(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& y,
+                               const char* op) {
   RmsNormRowsArgs args{};
   args.x = x.const_data_ptr();
   args.row_stride = x.stride(0);
@@ -601,7 +598,16 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
   args.eps = static_cast<float>(eps);
   args.bf16 = x.scalar_type() == at::kBFloat16;
   args.weight_f32 = weight.scalar_type() == at::kFloat;
-  check_launch(RmsNormRows(args, c10::cuda::getCurrentCUDAStream()), op);
+  return args;
+}
+
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  constexpr const char* op = "rms_norm_rows";
+  check_rms_norm_rows_args(x, weight, eps);
+  check_on_cuda(x, op, "x");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  check_launch(RmsNormRows(norm_rows_args(x, weight, eps, y, op), c10::cuda::getCurrentCUDAStream()), op);
   return y;
 }
 
@@ -614,18 +620,10 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   at::Tensor sum = at::empty(x.sizes(), x.options());
   at::Tensor y = at::empty(x.sizes(), x.options());
   AddRmsNormArgs args{};
-  args.x = x.const_data_ptr();
-  args.x_stride = x.stride(0);
+  args.norm = norm_rows_args(x, weight, eps, y, op);
   args.delta = delta.const_data_ptr();
   args.delta_stride = delta.stride(0);
-  args.weight = weight.const_data_ptr();
   args.sum = sum.mutable_data_ptr();
-  args.y = y.mutable_data_ptr();
-  args.num_rows = as_int(x.size(0), op, "M (x.size(0))");
-  args.width = as_int(x.size(1), op, "D (x.size(1))");
-  args.eps = static_cast<float>(eps);
-  args.bf16 = x.scalar_type() == at::kBFloat16;
-  args.weight_f32 = weight.scalar_type() == at::kFloat;
   check_launch(AddRmsNorm(args, c10::cuda::getCurrentCUDAStream()), op);
   return {sum, y};
 }
