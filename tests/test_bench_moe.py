@@ -22,6 +22,7 @@ from benchmarks.bench_moe import (
 )
 from benchmarks.stage_floors import FLOOR_STAGES, KIMI_K2_LAYERS
 from engine.model.read_bytes import TargetBytes
+from profiling.stage_floor import LATENCY_BOUND_MS
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,13 @@ def test_bench_moe_prints_each_stage_against_its_floor(moe_run):
                                                                                             "lm_head")))
         assert r["over_floor_verify"] > 0 and (r["mode"] == "AR") == ("floor_ms_draft" not in r)
     learned = [r for r in data["rows"] if r["drafter"] == "dflash" and r["budget"] != "auto"]
-    assert all(r["floor_ms_draft"] > 0 and r["over_floor_draft"] > 0 for r in learned)
+    assert learned and all(r["floor_ms_draft"] > 0 for r in learned)
+    for r in learned:  # no ratio over a floor under the launch-latency bound (over_floor's contract): the quick
+        # model's draft floor falls under it where this machine measures a high copy bandwidth
+        if r["floor_ms_draft"] < LATENCY_BOUND_MS:
+            assert r["over_floor_draft"] is None
+        else:
+            assert r["over_floor_draft"] > 0
 
 
 def test_bench_moe_prints_the_drafter_against_its_floor_and_at_kimi_k2_depth(moe_run):
