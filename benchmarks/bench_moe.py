@@ -53,6 +53,7 @@ from benchmarks.bench_decode import NOISY, ddtree_decoder, dflash_rows, k2_mini,
 from benchmarks.common import (
     FULL,
     QUICK,
+    Ceilings,
     Column,
     guarded,
     markdown_table,
@@ -67,7 +68,15 @@ from benchmarks.common import (
     write_results,
 )
 from benchmarks.decode_steps import Plan, choice_cost_us, measure_decoder
-from benchmarks.stage_floors import add_drafter_shares, add_stage_floors, drafter_columns, floor_columns, stage_bytes
+from benchmarks.stage_floors import (
+    add_drafter_shares,
+    add_rooflines,
+    add_stage_floors,
+    drafter_columns,
+    floor_columns,
+    stage_bytes,
+    verify_flops,
+)
 from engine.config import DecodeConfig, ModelConfig, buckets_up_to
 from engine.decoding.auto_budget import MAX_BACKOFF, AutoBudgetDecoder
 from engine.decoding.decoder import ARDecoder, Decoder
@@ -129,9 +138,9 @@ def count_experts(dec: Decoder, num_steps: int) -> dict:
     and the prefill."""
     records = [dec.step() for _ in range(num_steps)]
     touched = np.mean([r.experts.touched for r in records], axis=0)
-    return {**stage_bytes(dec, records), "touched_per_layer": touched.tolist(), "touched": float(touched.sum()),
-            "prefix_len": float(np.mean([r.prefix_len for r in records])), "prefill_ms": dec.prefill_ns / 1e6,
-            "nodes_verified": float(np.mean([r.tree.num_nodes for r in records]))}
+    return {**stage_bytes(dec, records), **verify_flops(dec, records), "touched_per_layer": touched.tolist(),
+            "touched": float(touched.sum()), "prefix_len": float(np.mean([r.prefix_len for r in records])),
+            "prefill_ms": dec.prefill_ns / 1e6, "nodes_verified": float(np.mean([r.tree.num_nodes for r in records]))}
 
 
 def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.device) -> tuple[list[dict], list]:
@@ -240,14 +249,17 @@ def expert_bytes(cfg: ModelConfig, itemsize: int) -> int:
     return next(la.expert for la in TargetBytes.of(cfg, itemsize).layers if la.expert)
 
 
-def add_floors(rows: list[dict], copy_tbps: float) -> None:
+def add_floors(rows: list[dict], ceilings: Ceilings) -> None:
     """Each row's floor per stage and of the whole step (ms: the bytes its stages read, benchmarks/stage_floors.py),
-    its step times over it, and the speedups."""
+    its roofline floor (the verify's compute-bound parts at the matmul rate), its step times over each, and the
+    speedups."""
     add_speedups(rows)
-    add_stage_floors(rows, copy_tbps * 1e12)
+    add_stage_floors(rows, ceilings.copy_tbps * 1e12)
+    add_rooflines(rows, ceilings.copy_tbps * 1e12, ceilings.matmul_tflops * 1e12)
     for row in (r for r in rows if "error" not in r):
         for mode in ("eager", "graph"):
             row[f"{mode}_over_floor"] = ratio(row[f"{mode}_step_ms"], row["floor_ms"])
+        row["graph_over_roofline"] = ratio(row["graph_step_ms"], row.get("roofline_ms"))
 
 
 def layer_rows(model: TargetModel, device: torch.device, copy_tbps: float, quick: bool) -> list[dict]:
@@ -288,6 +300,7 @@ STEP_COLUMNS = [
     Column("tau_eager", "tau", "{:.2f}"), Column("eager_step_ms", "eager ms/step", "{:.3f}"),
     Column("graph_step_ms", "graph ms/step", "{:.3f}"), Column("floor_ms", "floor ms", "{:.3f}"),
     Column("eager_over_floor", "eager/floor", "{:.2f}"), Column("graph_over_floor", "graph/floor", "{:.2f}"),
+    Column("roofline_ms", "roofline ms", "{:.3f}"), Column("graph_over_roofline", "graph/roofline", "{:.2f}"),
     Column("eager_tokens_per_s", "eager tok/s", "{:.0f}"), Column("graph_tokens_per_s", "graph tok/s", "{:.0f}"),
     Column("speedup_eager", "speedup eager", "{:.2f}"), Column("speedup_graph", "speedup graph", "{:.2f}"),
     Column("tokens_match_ar", "tokens == AR"),
@@ -380,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, prefills = decode_rows(model, plan, num_counted, device)
     add_expert_traffic(rows, cfg, dtype.itemsize)
     if shard is None:
-        add_floors(rows, info.ceilings.copy_tbps)
+        add_floors(rows, info.ceilings)
     else:
         add_speedups(rows)
         add_comm_share(rows)

@@ -1,7 +1,9 @@
 """bench_decode's and bench_moe's stage floors: each row's stages (timed with the stage timers on) against the bytes
 each must read (profiling/stage_floor.py), counted over a few steps of a fresh decoder with its records on (the
-routed experts each verify touched, the prefix length, the tree), at the copy bandwidth measured in the run; and the
-DFlash drafter's forward and context update, timed alone as graph replays, against the floors of their stages."""
+routed experts each verify touched, the prefix length, the tree), at the copy bandwidth measured in the run; the
+step's roofline floor, where a verify part's FLOPs (engine/model/step_flops.py) at the measured matmul rate take
+longer than its bytes; and the DFlash drafter's forward and context update, timed alone as graph replays, against
+the floors of their stages."""
 from __future__ import annotations
 
 import re
@@ -9,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from benchmarks.common import Column
 from engine.decoding.decoder import Decoder
+from engine.model.step_flops import TargetFlops
 from engine.records import StepRecord
 from profiling.stage_floor import (
     DRAFTER_STAGES,
@@ -33,6 +36,14 @@ def stage_bytes(dec: Decoder, records: Sequence[StepRecord]) -> dict:
     return {"stage_bytes": mean_bytes(floor_model_of(dec), list(records))}
 
 
+def verify_flops(dec: Decoder, records: Sequence[StepRecord]) -> dict:
+    """The mean FLOPs of the verify's parts over `records`: each node attends the prefix and its visible tree rows."""
+    flops = TargetFlops.of(dec.model.cfg)
+    per_step = [flops.verify_flops(r.tree.num_nodes, r.tree.num_nodes * r.prefix_len + int(r.tree.visibility.sum()))
+                for r in records]
+    return {"verify_flops": {part: sum(s[part] for s in per_step) / len(per_step) for part in per_step[0]}}
+
+
 def recorded_stage_bytes(make: Callable[[bool], Decoder], num_steps: int) -> dict:
     """stage_bytes over num_steps steps of a fresh eager decoder."""
     dec = make(False)
@@ -48,6 +59,16 @@ def add_stage_floors(rows: list[dict], bytes_per_s: float) -> None:
             row[f"floor_ms_{stage}"] = floor
             row[f"over_floor_{stage}"] = over_floor(times.get(stage), floor)
         row["floor_ms"] = sum(row[f"floor_ms_{s}"] or 0.0 for s in STAGES if f"floor_ms_{s}" in row)
+
+
+def add_rooflines(rows: list[dict], bytes_per_s: float, flops_per_s: float) -> None:
+    """Each row's roofline floor (ms, after add_stage_floors): its stages' bytes floors, each verify part's raised to
+    its FLOPs over the matmul rate where that takes longer (a large tree's lm_head and attention)."""
+    for row in (r for r in rows if "error" not in r and "verify_flops" in r):
+        floor = row["floor_ms"] - (row.get("floor_ms_verify") or 0.0)
+        for part, flops in row["verify_flops"].items():
+            floor += max(row.get(f"floor_ms_verify/{part}") or 0.0, flops / flops_per_s * 1e3)
+        row["roofline_ms"] = floor
 
 
 def floor_columns(key_columns: Sequence[Column]) -> list[Column]:

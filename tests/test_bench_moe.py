@@ -78,6 +78,11 @@ def test_bench_moe_prints_each_stage_against_its_floor(moe_run):
         assert r["floor_ms_verify"] == pytest.approx(sum(r[f"floor_ms_verify/{p}"] for p in ("embed", "attn", "ffn",
                                                                                             "lm_head")))
         assert r["over_floor_verify"] > 0 and (r["mode"] == "AR") == ("floor_ms_draft" not in r)
+        flops_per_ms = data["ceilings"]["matmul_tflops"] * 1e9  # the roofline: compute-bound parts at the matmul rate
+        assert r["roofline_ms"] == pytest.approx(r["floor_ms"] - r["floor_ms_verify"] + sum(
+            max(r[f"floor_ms_verify/{p}"], flops / flops_per_ms) for p, flops in r["verify_flops"].items()))
+        assert r["roofline_ms"] >= r["floor_ms"] and r["verify_flops"]["lm_head"] > 0
+        assert r["graph_over_roofline"] is None  # no CUDA graphs on the CPU
     learned = [r for r in data["rows"] if r["drafter"] == "dflash" and r["budget"] != "auto"]
     assert learned and all(r["floor_ms_draft"] > 0 for r in learned)
     for r in learned:  # no ratio over a floor under the launch-latency bound (over_floor's contract): the quick
