@@ -169,6 +169,6 @@ def check_drafter(model: TargetModel, prompt: Sequence[int], decode: DecodeConfi
     drafter = drafter_for(cfg, ckpt.source, ckpt.identity, model, len(prompt), decode)
     tau = tau_with(drafter)
     layers = layer_check(cfg, model.cfg.num_hidden_layers, tau, tau_of)
-    rope = rope_check(cfg, drafter.model.cos, drafter.model.sin, tau, tau_of)
+    rope = rope_check(cfg, *drafter.model.rope, tau, tau_of)
     return [layers, mask_check(cfg, model.embed), rope, block_check(cfg, decode.block_size),
             depth_check(cfg, model.cfg.num_hidden_layers)]

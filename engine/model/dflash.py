@@ -81,9 +81,10 @@ class DFlashModel:
         self.offsets = torch.arange(capacity, device=dev)  # row offsets, made once: a write's and the block's
         self.block = self.offsets[: num_draft_positions + 1]  # offsets of the block's rows
         self.mask_tokens = torch.full((num_draft_positions,), cfg.mask_token_id, dtype=torch.int64, device=dev)
-        # positions 0 .. capacity + L: the block may sit past the last context row
-        self.cos, self.sin = cos_sin(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, capacity + num_draft_positions
-                                     + 1, dev)
+        # cos and sin [2, positions, D/2] of positions 0 .. capacity + L (the block may sit past the last context
+        # row), stacked so that a call's rows of both are one gather
+        self.rope = torch.stack(cos_sin(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                                        capacity + num_draft_positions + 1, dev))
         self.scale = cfg.head_dim ** -0.5
 
     @property
@@ -100,8 +101,9 @@ class DFlashModel:
         positions = start + self.offsets[:n]
         kv = F.linear(ctx, w.context_kv)  # [n, 2 layers Hkv D]
         width = num_layers * cfg.num_key_value_heads * cfg.head_dim
-        keys = ops.head_norm_rope(kv[:, :width].view(n, -1, cfg.head_dim), w.context_k_norm, self.cos[positions],
-                                  self.sin[positions], cfg.rms_norm_eps)
+        cos, sin = self.rope[:, positions]  # [n, D/2] each
+        keys = ops.head_norm_rope(kv[:, :width].view(n, -1, cfg.head_dim), w.context_k_norm, cos, sin,
+                                  cfg.rms_norm_eps)
         shape = (n, num_layers, cfg.num_key_value_heads, cfg.head_dim)
         self.keys.index_copy_(1, positions, keys.view(shape).transpose(0, 1))
         self.values.index_copy_(1, positions, kv[:, width:].view(shape).transpose(0, 1))
@@ -114,7 +116,7 @@ class DFlashModel:
         cfg, w = self.cfg, self.w
         x = self.embed[torch.cat([root.view(1), self.mask_tokens])]  # [L + 1, d]
         positions = self.length + self.block
-        cos, sin = self.cos[positions], self.sin[positions]  # [L + 1, D/2]
+        cos, sin = self.rope[:, positions]  # [L + 1, D/2] each
         num_visible = self.length + self.block.shape[0]  # the valid context, then the block's own rows
         for i, layer in enumerate(w.layers):
             x = cached_draft_layer(cfg, layer, x, cos, sin, self.keys[i], self.values[i], positions, num_visible)
