@@ -115,29 +115,53 @@ __device__ __forceinline__ float group_score(const float* group, int n) {
   return sum;
 }
 
+// scores[e] = logits[e] and choice[e] = bias[e]: a lane's loads issued kKeysPerLane at a time, all in flight together
+// (one warp alone on its SM waits out each round trip, so a round trip per element made most of the kernel's time).
+__device__ __forceinline__ void stage(const float* logits, const float* bias, int n, float* scores, float* choice,
+                                      int lane) {
+  for (int base = lane; base < n; base += kWarpSize * kKeysPerLane) {
+    float l[kKeysPerLane], b[kKeysPerLane];
+#pragma unroll
+    for (int j = 0; j < kKeysPerLane; ++j) {
+      const int e = base + j * kWarpSize;
+      l[j] = e < n ? __ldg(logits + e) : 0.0f;
+      b[j] = e < n ? __ldg(bias + e) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kKeysPerLane; ++j) {
+      const int e = base + j * kWarpSize;
+      if (e < n) {
+        scores[e] = l[j];
+        choice[e] = b[j];
+      }
+    }
+  }
+}
+
 // Fills scores [E] and choice [E] = scores + bias. A softmax row's sum: lane chains, then warp_sum's butterfly (the
 // CPU kernel adds in this order too).
 __device__ __forceinline__ void choose(const MoeRouteArgs& a, const float* logits, float* scores, float* choice,
                                        int lane) {
   const int num_experts = a.num_experts;
+  stage(logits, a.bias, num_experts, scores, choice, lane);
   if (a.softmax) {
     float top = neg_inf();  // fmaxf skips NaN as the CPU's std::max does
-    for (int e = lane; e < num_experts; e += kWarpSize) top = fmaxf(top, logits[e]);
+    for (int e = lane; e < num_experts; e += kWarpSize) top = fmaxf(top, scores[e]);
     for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
       top = fmaxf(top, __shfl_xor_sync(kFullMask, top, offset));
     }
     float total = 0.0f;
-    for (int e = lane; e < num_experts; e += kWarpSize) total += scores[e] = route_exp(logits[e] - top);
+    for (int e = lane; e < num_experts; e += kWarpSize) total += scores[e] = route_exp(scores[e] - top);
     total = warp_sum(total);
     for (int e = lane; e < num_experts; e += kWarpSize) {
       scores[e] /= total;
-      choice[e] = scores[e] + a.bias[e];
+      choice[e] += scores[e];
     }
   } else {
-#pragma unroll 8
+#pragma unroll 4
     for (int e = lane; e < num_experts; e += kWarpSize) {
-      scores[e] = 1.0f / (1.0f + route_exp(-__ldg(logits + e)));
-      choice[e] = scores[e] + __ldg(a.bias + e);
+      scores[e] = 1.0f / (1.0f + route_exp(-scores[e]));
+      choice[e] += scores[e];
     }
   }
 }

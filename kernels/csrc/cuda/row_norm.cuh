@@ -37,15 +37,94 @@ struct RowNormShared {
   float scale;
 };
 
+// The block's reduction of its threads' squares (each thread's in its columns' order): a warp butterfly, then thread 0
+// over the warps' sums in warp order. Every thread of the block calls it (two barriers) and gets the row's scale.
+__device__ __forceinline__ float row_scale(float squares, int width, float eps, RowNormShared& shared) {
+  squares = warp_sum(squares);
+  if (threadIdx.x % kWarpSize == 0) shared.warp_sums[threadIdx.x / kWarpSize] = squares;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kRowNormThreads / kWarpSize; ++w) total += shared.warp_sums[w];
+    shared.scale = rsqrtf(total / static_cast<float>(width) + eps);
+  }
+  __syncthreads();
+  return shared.scale;
+}
+
+// A thread's vectors t, t + 256, ... of a row held in registers, for rows of at most kHeldVectors * 256 vectors (8,192
+// bf16 or 4,096 float32 values: Kimi-K2's and DeepSeek-V3's hidden width): the row is read once, not once for its
+// squares and again for its output, which halves the round trips of a one-row launch.
+constexpr int kHeldVectors = 4;
+
+template <typename T>
+struct HeldRow {
+  Vec<T> chunk[kHeldVectors];
+
+  __device__ __forceinline__ static bool fits(int width) {
+    return width % Vec<T>::kSize == 0 && width / Vec<T>::kSize <= kHeldVectors * kRowNormThreads;
+  }
+  __device__ __forceinline__ static int column(int j) { return threadIdx.x + j * kRowNormThreads; }
+};
+
+// y = held * rsqrt(mean(held^2) + eps) * weight for a row held in registers (HeldRow::fits): the same squares in the
+// same order, and the same products, as rms_norm_row's reloading path, so the same bits.
+template <typename T, typename W>
+__device__ __forceinline__ void norm_held_row(const HeldRow<T>& held, const W* weight, T* y, int width, float eps,
+                                              RowNormShared& shared) {
+  constexpr int kVec = Vec<T>::kSize;
+  const int vectors = width / kVec;
+  const bool aligned = reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  float squares = 0.0f;
+  float w[kHeldVectors][kVec];  // loaded before the reduction, so the output waits on no load
+#pragma unroll
+  for (int j = 0; j < kHeldVectors; ++j) {
+    const int c = HeldRow<T>::column(j);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      w[j][i] = c < vectors ? to_float(weight[c * kVec + i]) : 0.0f;
+      if (c < vectors) {
+        const float v = to_float(held.chunk[j].v[i]);
+        squares = fmaf(v, v, squares);
+      }
+    }
+  }
+  const float scale = row_scale(squares, width, eps, shared);
+#pragma unroll
+  for (int j = 0; j < kHeldVectors; ++j) {
+    const int c = HeldRow<T>::column(j);
+    if (c >= vectors) break;
+    Vec<T> out;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) out.v[i] = from_float<T>(to_float(held.chunk[j].v[i]) * scale * w[j][i]);
+    if (aligned) {
+      reinterpret_cast<Vec<T>*>(y)[c] = out;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) y[c * kVec + i] = out.v[i];
+    }
+  }
+}
+
 // y = row * rsqrt(mean(row^2) + eps) * weight, D = width values, in float32, rounded to T once. Every thread of a
-// block of kRowNormThreads calls it (it holds two barriers): each thread's squares in its columns' order, then a warp
-// butterfly, then thread 0 over the warps' sums in warp order.
+// block of kRowNormThreads calls it (it holds two barriers): each thread's squares in its columns' order, then
+// row_scale. A row that fits is held in registers (norm_held_row), a wider one read twice.
 template <typename T, typename W>
 __device__ __forceinline__ void rms_norm_row(const T* row, const W* weight, T* y, int width, float eps,
                                              RowNormShared& shared) {
   constexpr int kVec = Vec<T>::kSize;
   const bool chunked = width % kVec == 0;
   const bool aligned = reinterpret_cast<uintptr_t>(row) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  if (HeldRow<T>::fits(width)) {
+    HeldRow<T> held;
+#pragma unroll
+    for (int j = 0; j < kHeldVectors; ++j) {
+      const int c = HeldRow<T>::column(j);
+      if (c < width / kVec) held.chunk[j] = load_vec(row, c, aligned);
+    }
+    norm_held_row<T, W>(held, weight, y, width, eps, shared);
+    return;
+  }
   float squares = 0.0f;
   if (chunked) {
 #pragma unroll 4
@@ -63,16 +142,7 @@ __device__ __forceinline__ void rms_norm_row(const T* row, const W* weight, T* y
       squares = fmaf(v, v, squares);
     }
   }
-  squares = warp_sum(squares);
-  if (threadIdx.x % kWarpSize == 0) shared.warp_sums[threadIdx.x / kWarpSize] = squares;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kRowNormThreads / kWarpSize; ++w) total += shared.warp_sums[w];
-    shared.scale = rsqrtf(total / static_cast<float>(width) + eps);
-  }
-  __syncthreads();
-  const float scale = shared.scale;
+  const float scale = row_scale(squares, width, eps, shared);
   if (chunked) {
 #pragma unroll 4
     for (int c = threadIdx.x; c < width / kVec; c += kRowNormThreads) {
