@@ -161,7 +161,7 @@ class AutoBudgetDecoder(Decoder):
         tree = self.root_tree(self.root) if budget == 0 else truncate(self._draft_part()[0], budget)
         tokens, _, depths, _, _, visibility = tree
         self.model.forward(tokens, depths, visibility, self.cache, hidden_layers=self.hidden_layers,
-                           batch_invariant=self.cfg.batch_invariant)
+                           batch_invariant=self.cfg.batch_invariant, float_logits=False)
 
     def _graphed(self, fn):
         """fn captured as a CUDA graph (after one eager run); returns its replay."""

@@ -41,7 +41,7 @@ class _StepTensors:
 
     prefix_len: torch.Tensor
     tree: tuple[torch.Tensor, ...]  # tokens, parents, depths, ranks, scores, visibility
-    logits: torch.Tensor  # [N, V] float32
+    logits: torch.Tensor  # [N, V] in the model's dtype (the forward's float_logits False)
     target: torch.Tensor  # [N]
     path: torch.Tensor  # [L + 1], -1 padded
     path_len: torch.Tensor
@@ -145,7 +145,7 @@ class Decoder:
         tokens, parents, depths, _, _, visibility = tree
         with t.range("verify"):
             logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers,
-                                                self.cfg.batch_invariant)
+                                                self.cfg.batch_invariant, float_logits=False)
             experts_touched = self.model.experts_touched()
             positions = prefix_len + depths + 1 if self.cfg.temperature > 0 else None  # node i chooses i's + 1
             target = pick(logits, positions, self.cfg)
@@ -206,14 +206,14 @@ class Decoder:
         check_finite(st.logits, f"step {len(self.steps)}")
         if st.draft is not None and torch.isnan(st.draft).any():
             raise DecodeError(f"step {len(self.steps)}: the drafter returned NaN log-probabilities")
-        top2 = st.logits.topk(min(2, st.logits.shape[1]), dim=-1).values.cpu().numpy()  # [N, 1 or 2]
+        top2 = st.logits.topk(min(2, st.logits.shape[1]), dim=-1).values.float().cpu().numpy()  # [N, 1 or 2]
         path_len = int(st.path_len)
         path_index = st.path[:path_len]
         path = path_index.tolist()
         target = st.target.cpu().tolist()
         committed = [target[n] for n in path]
         self.tokens.extend(committed)
-        self.logits_rows.extend(st.logits.index_select(0, path_index).cpu().numpy())
+        self.logits_rows.extend(st.logits.index_select(0, path_index).float().cpu().numpy())
         probs = node_probs(st.logits, st.tree, st.draft, self.cfg)
         experts = (ExpertTraffic(st.experts_touched.tolist(), self.model.bytes_per_expert)
                    if self.model.num_moe_layers else None)

@@ -175,11 +175,13 @@ class TargetModel:
 
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, block_mask: torch.Tensor, cache: LatentCache,
                 timer: StepTimer = _NULL_TIMER, hidden_layers: tuple[int, ...] = (),
-                batch_invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                batch_invariant: bool = False, float_logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, depths [N]; block_mask [N, N] bool. Node i sits at position prefix_len + depths[i] and
-        its KV lands in cache row prefix_len + i. Returns float32 logits [N, V] and, when hidden_layers names
-        layers, their outputs concatenated in that order [N, len(hidden_layers) * hidden] (transformers'
-        hidden_states[i + 1] for layer i: the last layer's is after the final norm, as there), else None.
+        its KV lands in cache row prefix_len + i. Returns logits [N, V] (float32; float_logits False: the lm_head's
+        own, the model's dtype, whose argmax is the same and which spares a step writing [N, V] float32, 168 MB at
+        B = 256 and Kimi-K2's vocabulary) and, when hidden_layers names layers, their outputs concatenated in that
+        order [N, len(hidden_layers) * hidden] (transformers' hidden_states[i + 1] for layer i: the last layer's is
+        after the final norm, as there), else None.
 
         batch_invariant: every per-row computation (norms, projections, the FFN, the head) runs so that a row's result
         does not depend on how many rows the call holds or which (self.exact_rows: engine/model/batch_rows.py), and
@@ -217,7 +219,8 @@ class TargetModel:
             if i in hidden_layers:
                 captured[i] = x
         with timer.range("lm_head"):
-            logits = rows.run(lambda h: rows.linear(h, self.lm_head), h).float()
+            logits = rows.run(lambda h: rows.linear(h, self.lm_head), h)
+            logits = logits.float() if float_logits else logits
         captured[cfg.num_hidden_layers - 1] = h  # transformers' last hidden state is after the final norm
         hidden = torch.cat([captured[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         return logits, hidden
