@@ -1,6 +1,8 @@
 """AR and DDTree decoding on the CPU: greedy-exact against the golden model and against each other."""
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from engine.drafters import DrafterSpec
 from engine.drafters.oracle import OracleDrafter
 from engine.loaders.checkpoint import Checkpoint
 from engine.model import reference
+from engine.model.cache import LatentCache
 from engine.model.fixtures import random_weights
 from engine.model.target import TargetModel
 from engine.records import RunRecord, StepRecord
@@ -219,3 +222,24 @@ def test_rope_tables_are_sized_by_the_run_not_by_the_config(tiny):
     dec = ARDecoder(TargetModel.from_checkpoint(huge), ckpt.prompt.tolist(), cfg)
     reach = len(ckpt.prompt) + cfg.max_new_tokens + cfg.block_size
     assert dec.cache.cos.shape[0] == reach + 1 and dec.run().tokens == ckpt.golden_tokens.tolist()[: cfg.max_new_tokens]
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_the_verifys_logits_in_the_models_dtype_hold_the_float32_logits_bits(device):
+    """forward(float_logits=False), the decoder's verify: the lm_head's own bf16 logits, whose float32 copy is the
+    default's logits bit for bit, so the greedy pick (argmax, ties to the first) is the same token."""
+    seed = random.randrange(2**16)
+    cfg = make_config({"layers": 2, "heads": 2, "q_lora": 16, "kv_lora": 24, "rope": 8, "experts": (4, 1, 1, 2),
+                       "norm_topk": True, "dense": 1, "interleave": False, "yarn": False})
+    model = TargetModel.from_checkpoint(Checkpoint(cfg, random_weights(cfg, seed), "random"), device, "bfloat16")
+    tokens = torch.from_numpy(np.random.default_rng(seed).integers(0, cfg.vocab_size, 9)).to(device)
+    out = {}
+    for as_float in (True, False):
+        cache = LatentCache(cfg.num_hidden_layers, 16, cfg.kv_lora_rank, cfg.qk_rope_head_dim, model.device,
+                            model.dtype, model.rope(17))
+        causal = torch.ones(9, 9, dtype=torch.bool, device=model.device).tril()
+        out[as_float], _ = model.forward(tokens, torch.arange(9, device=model.device), causal, cache,
+                                         float_logits=as_float)
+    assert out[True].dtype == torch.float32 and out[False].dtype == torch.bfloat16
+    assert torch.equal(out[False].float(), out[True])
+    assert torch.equal(out[False].argmax(-1), out[True].argmax(-1))
