@@ -90,6 +90,13 @@ silu_mul(gate_up [M, 2I]) -> out [M, I] (gate_up's dtype).
   g / (1 + e^-g) in float32 is rounded to the dtype before the product, which is rounded again (on CUDA the bits of
   torch's F.silu(gate) * up; on the CPU within an ulp of them, by its own exp). Each element alone, so batch-invariant.
   Rows contiguous at any stride (a fused gate/up projection's output goes in as it is).
+router_logits(x [N, H], weight [E, H] f32) -> logits [N, E] f32.
+  The MoE router's logits x @ weight^T, x float32 or bfloat16 (rows contiguous at any stride; no float32 copy of it),
+  weight float32 contiguous. Each logit is reduced in an order fixed by H alone (csrc/router_order.h): chain l of 32
+  sums x[h] * w[h] in float32 with fused multiply-adds over its 4-column chunks h = 4c .. 4c + 3, c = l, l + 32, ...
+  (where H is a multiple of 4; else its columns h = l, l + 32, ...), then for o = 16, 8, 4, 2, 1 every chain s_l
+  becomes s_l + s_(l xor o) and the logit is s_0. So a row's logits have the same bits whatever N (batch-invariant),
+  and the CPU and CUDA kernels the same bits as each other (the CUDA kernel's chains are a warp's lanes).
 moe_route(logits [N, E] f32, bias [E] f32, top_k, num_groups G, top_groups, softmax, normalize, scaling, counts=None,
           real=None) -> idx [N, k] i64, weights [N, k] f32.
   DeepSeek-V3 routing of each row alone, E in 1..8191: scores = sigmoid(logits) (softmax: over the row, its sum in
@@ -290,6 +297,12 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     return out.view(*gate_up.shape[:-1], out.shape[-1])
 
 
+def router_logits(x: Tensor, weight: Tensor) -> Tensor:
+    """float32 logits [N, E] of x [N, H] (float32 or bfloat16) through the float32 router weight [E, H], every logit
+    in an order fixed by H alone (batch-invariant)."""
+    return _ops().router_logits(x, weight)
+
+
 def moe_route(logits: Tensor, bias: Tensor, top_k: int, num_groups: int, top_groups: int, softmax: bool,
               normalize: bool, scaling: float, counts: Tensor | None = None, real: Tensor | None = None
               ) -> tuple[Tensor, Tensor]:
@@ -380,6 +393,10 @@ def _silu_mul_fake(gate_up):
     return gate_up.new_empty((gate_up.shape[0], gate_up.shape[1] // 2))
 
 
+def _router_logits_fake(x, weight):
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+
+
 def _moe_route_fake(logits, bias, top_k, num_groups, top_groups, softmax, normalize, scaling, counts=None, real=None):
     return logits.new_empty((logits.shape[0], top_k), dtype=torch.int64), logits.new_empty((logits.shape[0], top_k))
 
@@ -413,7 +430,8 @@ def _register_fakes() -> None:
                        ("budget_choose", _budget_choose_fake), ("confidence_learn", _confidence_learn_fake),
                        ("linear_rows", _linear_rows_fake), ("rms_norm_rows", _rms_norm_rows_fake),
                        ("add_rms_norm", _add_rms_norm_fake), ("silu_mul", _silu_mul_fake),
-                       ("moe_route", _moe_route_fake), ("expert_rows", _expert_rows_fake),
+                       ("router_logits", _router_logits_fake), ("moe_route", _moe_route_fake),
+                       ("expert_rows", _expert_rows_fake),
                        ("expert_combine", _expert_combine_fake), ("cache_attn", _cache_attn_fake),
                        ("head_norm_rope", _head_norm_rope_fake), ("latent_write", _latent_write_fake)):
         torch.library.register_fake(f"ddtree::{name}", fake)

@@ -196,6 +196,11 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     return ((gate / (1 + torch.exp(-gate))).to(gate_up.dtype).double() * up).to(gate_up.dtype)
 
 
+def router_logits(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight^T in float64 (the float32 op is within its rounding of this)."""
+    return x.double() @ weight.double().T
+
+
 def moe_route(logits: Tensor, bias: Tensor, top_k: int, num_groups: int, top_groups: int, softmax: bool,
               normalize: bool, scaling: float, counts: Tensor | None = None, real: Tensor | None = None
               ) -> tuple[Tensor, Tensor]:

@@ -3,8 +3,9 @@
 The forward's per-row work (norms, projections, the FFN, the head) goes through a Rows: `run(fn, *rows)` calls fn on
 the rows, `linear` is F.linear, `absorb` and `expand` the per-head maps of absorbed attention (q_nope through W_UK,
 the latent output through W_UV), `rms_norm`, `add_rms_norm` (a residual add and the norm after it), `gated`
-(SwiGLU's silu(gate) * up) and `routed` the routed experts' output. The routing is each
-row alone in every mode (ops.moe_route: engine/model/moe.py route_and_count).
+(SwiGLU's silu(gate) * up), `router` an MoE router's float32 logits (on CUDA ops.router_logits in every mode, each
+logit in an order fixed by H) and `routed` the routed experts' output. The routing is each row alone in every mode
+(ops.moe_route: engine/model/moe.py route_and_count).
 - FAST: every row at once through torch's kernels, whose reductions (matmuls, means) change order with the row count.
 - InvariantRows (batch-invariant, the CPU and CUDA): every row at once through ops whose every output is reduced in
   an order fixed by its row alone: kernels.ops.linear_rows for the matmuls and each routed expert over the rows that
@@ -25,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers import add_rms_norm, rms_norm, rowwise, silu_mul
+from engine.model.layers import add_rms_norm, rms_norm, router_logits, rowwise, silu_mul
 from engine.model.moe import Experts, dense_moe, sparse_moe
 from kernels import ops
 
@@ -63,6 +64,9 @@ class FastRows:
 
     def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu_mul(gate_up)
+
+    def router(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return router_logits(x, weight)
 
     def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts
                ) -> torch.Tensor:
@@ -132,6 +136,9 @@ class InvariantRows:
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         return add_rms_norm(x, delta, weight, eps, self.rms_norm)
+
+    def router(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return router_logits(x, weight, self.linear)
 
     def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up, each row's silu on the CPU over whole vectors (_whole_vectors)."""

@@ -43,6 +43,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def router_logits(x: torch.Tensor, weight: torch.Tensor, linear=F.linear) -> torch.Tensor:
+    """An MoE router's float32 logits [N, E] of x [N, H] through its float32 weight [E, H]: on CUDA one
+    ops.router_logits launch, no float32 copy of x and each logit in an order fixed by H (so batch-invariant in
+    every mode); linear(x.float(), weight) where autograd needs it and on the CPU (linear: the mode's matmul)."""
+    if x.is_cuda and not needs_autograd(x, weight):
+        return ops.router_logits(x, weight)
+    return linear(x.float(), weight)
+
+
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, linear=F.linear, gated=silu_mul
            ) -> torch.Tensor:
     """down(silu(gate x) * up x) with gate_up the gate and up projections stacked [2I, d] (fused_rows): one matmul

@@ -275,7 +275,7 @@ class TargetModel:
     def _moe(self, rows, layer: dict, x: torch.Tensor, real: torch.Tensor | None, timer: StepTimer) -> torch.Tensor:
         """Routed experts (sparse, or the dense reference) plus the shared ones; real [N] marks the rows that are not
         padding (None: every row). With a shard: this rank's experts' and shared columns' part of the output."""
-        logits = rows.linear(x.float(), layer["router"])
+        logits = rows.router(x, layer["router"])
         idx, weights = route_and_count(self.cfg, logits, layer["router_bias"],  # [N, k] each
                                        self.expert_load.counts[layer["moe_index"]], real)
         held = self.held_experts

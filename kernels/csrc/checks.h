@@ -388,6 +388,20 @@ inline void check_silu_mul_args(const at::Tensor& gate_up) {
               gate_up.sizes());
 }
 
+// router_logits: x [N, H] float32 or bfloat16 with contiguous rows at any stride (the normed hidden states), weight
+// [E, H] float32 contiguous (the router as the target holds it) on x's device.
+inline void check_router_logits_args(const at::Tensor& x, const at::Tensor& weight) {
+  check_float_rows(x, "x", "[N, H] (the normed hidden states)");
+  check_dtype(weight, at::kFloat, "weight (the router, float32)");
+  check_shape(weight, 2, "weight", "[E, H]");
+  check_contiguous(weight, "weight");
+  check_same_device(weight, x, "weight", "x");
+  TORCH_CHECK(weight.size(1) == x.size(1), "weight [E, H] must have x's H = ", x.size(1), " columns, got shape ",
+              weight.sizes());
+  TORCH_CHECK(weight.size(0) >= 1 && weight.size(1) >= 1, "weight [E, H] needs at least one expert and one column, "
+              "got shape ", weight.sizes());
+}
+
 // cache_attn: q [N, Hq, D] with contiguous heads (its rows at any stride), keys and values [S, Hkv, D] contiguous,
 // float32 or bfloat16 alike, Hq a multiple of Hkv, N >= 1, S >= 1; num_visible a 0-dim int64 on their device (its
 // value is checked by the CPU op).

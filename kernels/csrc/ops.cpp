@@ -35,6 +35,8 @@ TORCH_LIBRARY(ddtree, m) {
   // The residual add with the RMSNorm that follows it, and SwiGLU's silu(gate) * up: one launch each.
   m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor sum, Tensor y)");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  // The MoE router's float32 logits, each one reduced in an order fixed by H alone (router_order.h).
+  m.def("router_logits(Tensor x, Tensor weight) -> Tensor");
   // DeepSeek-V3 routing, each row alone: the top-k experts and their weights (and the count of each expert's rows).
   m.def(
       "moe_route(Tensor logits, Tensor bias, int top_k, int num_groups, int top_groups, bool softmax, bool normalize, "
@@ -70,6 +72,7 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("rms_norm_rows", &ddtree::cpu::rms_norm_rows);
   m.impl("add_rms_norm", &ddtree::cpu::add_rms_norm);
   m.impl("silu_mul", &ddtree::cpu::silu_mul);
+  m.impl("router_logits", &ddtree::cpu::router_logits);
   m.impl("moe_route", &ddtree::cpu::moe_route);
   m.impl("expert_rows", &ddtree::cpu::expert_rows);
   m.impl("expert_combine", &ddtree::cpu::expert_combine);

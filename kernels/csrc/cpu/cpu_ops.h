@@ -46,6 +46,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 
 at::Tensor silu_mul(const at::Tensor& gate_up);
 
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& weight);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> expert_rows(const at::Tensor& x, const at::Tensor& idx,
                                                            int64_t num_experts);
 

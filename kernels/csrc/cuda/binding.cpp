@@ -42,6 +42,7 @@
 #include "linear_rows.cuh"
 #include "moe_route.cuh"
 #include "rms_norm_rows.cuh"
+#include "router_logits.cuh"
 #include "silu_mul.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
@@ -645,6 +646,25 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& weight) {
+  constexpr const char* op = "router_logits";
+  check_router_logits_args(x, weight);
+  check_on_cuda(x, op, "x");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options().dtype(at::kFloat));
+  RouterLogitsArgs args{};
+  args.x = x.const_data_ptr();
+  args.row_stride = x.stride(0);
+  args.weight = weight.const_data_ptr<float>();
+  args.out = out.mutable_data_ptr<float>();
+  args.num_rows = as_int(x.size(0), op, "N (x.size(0))");
+  args.num_experts = as_int(weight.size(0), op, "E (weight.size(0))");
+  args.width = as_int(x.size(1), op, "H (x.size(1))");
+  args.bf16 = x.scalar_type() == at::kBFloat16;
+  check_launch(RouterLogits(args, c10::cuda::getCurrentCUDAStream()), op);
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> moe_route(const at::Tensor& logits, const at::Tensor& bias, int64_t top_k,
                                              int64_t num_groups, int64_t top_groups, bool softmax, bool normalize,
                                              double scaling, const std::optional<at::Tensor>& counts,
@@ -841,6 +861,7 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("rms_norm_rows", &ddtree::cuda::rms_norm_rows);
   m.impl("add_rms_norm", &ddtree::cuda::add_rms_norm);
   m.impl("silu_mul", &ddtree::cuda::silu_mul);
+  m.impl("router_logits", &ddtree::cuda::router_logits);
   m.impl("moe_route", &ddtree::cuda::moe_route);
   m.impl("expert_rows", &ddtree::cuda::expert_rows);
   m.impl("expert_combine", &ddtree::cuda::expert_combine);
