@@ -81,7 +81,8 @@ def test_bench_moe_prints_each_stage_against_its_floor(moe_run):
         flops_per_ms = data["ceilings"]["matmul_tflops"] * 1e9  # the roofline: compute-bound parts at the matmul rate
         assert r["roofline_ms"] == pytest.approx(r["floor_ms"] - r["floor_ms_verify"] + sum(
             max(r[f"floor_ms_verify/{p}"], flops / flops_per_ms) for p, flops in r["verify_flops"].items()))
-        assert r["roofline_ms"] >= r["floor_ms"] and r["verify_flops"]["lm_head"] > 0
+        # never under the bytes floor (up to the rounding of subtracting the verify's floor and adding its parts back)
+        assert r["roofline_ms"] >= r["floor_ms"] * (1 - 1e-12) and r["verify_flops"]["lm_head"] > 0
         assert r["graph_over_roofline"] is None  # no CUDA graphs on the CPU
     learned = [r for r in data["rows"] if r["drafter"] == "dflash" and r["budget"] != "auto"]
     assert learned and all(r["floor_ms_draft"] > 0 for r in learned)
