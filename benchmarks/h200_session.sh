@@ -4,6 +4,7 @@
 #   check: gpu-check, verify and the sanitizers      bench: the kernel and decode benchmarks
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
 #   exact: the batch-invariant mode's matmul (bench_kernels --sections linear_rows) and steps (bench_exact)
+#   router: router_logits' CUDA tiles beside cuBLAS's float32 gemm (benchmarks/router_tiles.cu, built with nvcc)
 #   pair: train the shipped target and its DFlash drafter (showcase presets, resumable; TARGET_ARGS and DRAFTER_ARGS
 #         add options, e.g. TARGET_ARGS="--steps 8000") into $PAIR, tar them into $OUT in parts, then bench_pair
 #         (BENCH_ARGS) with what is left of TOTAL_S
@@ -40,6 +41,10 @@ if [ "$mode" = exact ]; then
   timeout 150 python3 -m benchmarks.bench_kernels --device cuda --sections linear_rows --out "$OUT/linear_rows" 2>&1 \
     | tee "$OUT/bench_linear_rows.log"
   timeout 120 python3 -m benchmarks.bench_exact --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_exact.log"
+fi
+if [ "$mode" = router ]; then
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/router_tiles.cu -lcublas -o /tmp/router_tiles \
+    && /tmp/router_tiles 2>&1 | tee "$OUT/router_tiles.log"
 fi
 if [ "$mode" = moe ]; then
   timeout 300 python3 -m benchmarks.bench_moe --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_moe.log"

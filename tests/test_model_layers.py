@@ -1,6 +1,7 @@
 """The layer functions (engine/model/layers.py) against float64 formulas of their own: RMSNorm, and RoPE in both
 layouts through each of its forms (ops.head_norm_rope without autograd; under autograd real arithmetic on the CPU and
-a complex multiply on CUDA), on the CPU and, where there is one, on the GPU."""
+a complex multiply on CUDA), on the CPU and, where there is one, on the GPU; and the fast mode's per-head matmul
+(engine/model/batch_rows.py per_head_matmul: absorbed attention's W_UK and W_UV) against float64 einsum."""
 from __future__ import annotations
 
 import random
@@ -8,6 +9,7 @@ import random
 import pytest
 import torch
 
+from engine.model.batch_rows import per_head_matmul
 from engine.model.layers import _rope_complex, apply_rope, rms_norm
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -62,3 +64,24 @@ def test_rms_norm_matches_float64(device, dtype):
         got = rms_norm(x, weight, 1e-6)
         assert got.shape == x.shape and got.dtype == dtype
         assert _error(got, want) < TOLERANCE[dtype], (shape, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_per_head_matmul_matches_float64_einsum_in_rows_layout_with_and_without_autograd(device, dtype):
+    """x as the target holds it (q_nope a slice of q's heads; o_lat contiguous), the weight as W_UK [H, a, b] or
+    W_UV transposed: contiguous [N, H, b] out; under autograd the same values and a gradient."""
+    seed = random.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    n, h, a, b = random.choice([1, 5, 17]), random.choice([1, 3, 4]), random.choice([8, 16]), random.choice([8, 32])
+    q = torch.randn(n, h, a + 4, generator=gen).to(device, dtype)
+    for x, w in ((q[:, :, :a], torch.randn(h, a, b, generator=gen).to(device, dtype)),
+                 (q[:, :, :a].contiguous(), torch.randn(h, b, a, generator=gen).to(device, dtype).transpose(1, 2))):
+        got = per_head_matmul(x, w)
+        want = torch.einsum("nha,hab->nhb", x.double(), w.double())
+        assert got.shape == (n, h, b) and got.is_contiguous() and got.dtype == dtype, seed
+        assert _error(got, want) < TOLERANCE[dtype], seed
+        leaf = w.detach().clone().requires_grad_()
+        traced = per_head_matmul(x, leaf)
+        traced.float().sum().backward()
+        assert _error(traced.detach(), want) < TOLERANCE[dtype] and leaf.grad is not None, seed

@@ -3,9 +3,9 @@
 The forward's per-row work (norms, projections, the FFN, the head) goes through a Rows: `run(fn, *rows)` calls fn on
 the rows, `linear` is F.linear, `absorb` and `expand` the per-head maps of absorbed attention (q_nope through W_UK,
 the latent output through W_UV), `rms_norm`, `add_rms_norm` (a residual add and the norm after it), `gated`
-(SwiGLU's silu(gate) * up), `router` an MoE router's float32 logits (on CUDA ops.router_logits in every mode, each
-logit in an order fixed by H) and `routed` the routed experts' output. The routing is each row alone in every mode
-(ops.moe_route: engine/model/moe.py route_and_count).
+(SwiGLU's silu(gate) * up), `router` an MoE router's float32 logits (torch's float32 matmul in the fast mode; in the
+batch-invariant one ops.router_logits on CUDA, each logit in an order fixed by H) and `routed` the routed experts'
+output. The routing is each row alone in every mode (ops.moe_route: engine/model/moe.py route_and_count).
 - FAST: every row at once through torch's kernels, whose reductions (matmuls, means) change order with the row count.
 - InvariantRows (batch-invariant, the CPU and CUDA): every row at once through ops whose every output is reduced in
   an order fixed by its row alone: kernels.ops.linear_rows for the matmuls and each routed expert over the rows that
@@ -26,13 +26,25 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers import add_rms_norm, rms_norm, router_logits, rowwise, silu_mul
+from engine.model.layers import add_rms_norm, needs_autograd, rms_norm, router_logits, rowwise, silu_mul
 from engine.model.moe import Experts, dense_moe, sparse_moe
 from kernels import ops
 
 ROW_BLOCK = 16  # rows per block in BlockRows: AR's single row is padded to one block
 ROW_VECTOR = 64  # elements: two of torch's widest CPU vectors (AVX-512 bfloat16), so no row ends in a scalar tail
 GRAIN_ELEMENTS = 32768  # at::internal::GRAIN_SIZE: a pointwise call of at most this many elements runs on one thread
+
+
+def per_head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [N, H, a] through weight [H, a, b], head by head: [N, H, b], contiguous. One batched matmul writes straight
+    into the [N, H, b] rows (the batch strided by b, each head's rows by H b), where einsum's [H, N, b] result needed a
+    copy of its own (verify_attn reads q_lat contiguous; o_proj the heads side by side): 16.8 MB at N = 257 on
+    Kimi-K2. einsum where autograd needs it (out= records no backward)."""
+    if needs_autograd(x, weight):
+        return torch.einsum("nha,hab->nhb", x, weight)
+    out = x.new_empty(x.shape[0], x.shape[1], weight.shape[2])
+    torch.bmm(x.transpose(0, 1), weight, out=out.transpose(0, 1))
+    return out
 
 
 class FastRows:
@@ -49,11 +61,11 @@ class FastRows:
 
     def absorb(self, q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
         """q_nope [N, H, nope] through w_uk [H, nope, R]: [N, H, R]."""
-        return torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
+        return per_head_matmul(q_nope, w_uk)
 
     def expand(self, o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
         """o_lat [N, H, R] through w_uv [H, v, R]: [N, H, v]."""
-        return torch.einsum("nhr,hvr->nhv", o_lat, w_uv)
+        return per_head_matmul(o_lat, w_uv.transpose(1, 2))
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)
@@ -66,7 +78,7 @@ class FastRows:
         return silu_mul(gate_up)
 
     def router(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return router_logits(x, weight)
+        return F.linear(x.float(), weight)
 
     def routed(self, sparse: bool, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, experts: Experts
                ) -> torch.Tensor:

@@ -44,9 +44,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor, linear=F.linear) -> torch.Tensor:
-    """An MoE router's float32 logits [N, E] of x [N, H] through its float32 weight [E, H]: on CUDA one
-    ops.router_logits launch, no float32 copy of x and each logit in an order fixed by H (so batch-invariant in
-    every mode); linear(x.float(), weight) where autograd needs it and on the CPU (linear: the mode's matmul)."""
+    """The batch-invariant mode's MoE router: float32 logits [N, E] of x [N, H] through the float32 weight [E, H].
+    On CUDA one ops.router_logits launch, no float32 copy of x and each logit in an order fixed by H; linear(x.float(),
+    weight) where autograd needs it and on the CPU (linear: the mode's matmul). The fast mode keeps cuBLAS's float32
+    gemm, 2-3x faster past a few rows (benchmarks/RESULTS.md)."""
     if x.is_cuda and not needs_autograd(x, weight):
         return ops.router_logits(x, weight)
     return linear(x.float(), weight)
