@@ -70,7 +70,8 @@ def test_rms_norm_matches_float64(device, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_per_head_matmul_matches_float64_einsum_in_rows_layout_with_and_without_autograd(device, dtype):
     """x as the target holds it (q_nope a slice of q's heads; o_lat contiguous), the weight as W_UK [H, a, b] or
-    W_UV transposed: contiguous [N, H, b] out; under autograd the same values and a gradient."""
+    W_UV transposed: [N, H, b] out (contiguous on CUDA, where it skips einsum's copy); under autograd the same values
+    and a gradient."""
     seed = random.randrange(2**31)
     gen = torch.Generator().manual_seed(seed)
     n, h, a, b = random.choice([1, 5, 17]), random.choice([1, 3, 4]), random.choice([8, 16]), random.choice([8, 32])
@@ -79,7 +80,7 @@ def test_per_head_matmul_matches_float64_einsum_in_rows_layout_with_and_without_
                  (q[:, :, :a].contiguous(), torch.randn(h, b, a, generator=gen).to(device, dtype).transpose(1, 2))):
         got = per_head_matmul(x, w)
         want = torch.einsum("nha,hab->nhb", x.double(), w.double())
-        assert got.shape == (n, h, b) and got.is_contiguous() and got.dtype == dtype, seed
+        assert got.shape == (n, h, b) and got.dtype == dtype and (got.is_contiguous() or device == "cpu"), seed
         assert _error(got, want) < TOLERANCE[dtype], seed
         leaf = w.detach().clone().requires_grad_()
         traced = per_head_matmul(x, leaf)
