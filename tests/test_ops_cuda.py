@@ -144,6 +144,19 @@ def test_threshold_build_orders_tied_scores_like_the_heap(ops, monkeypatch, nois
     _build_both(ops, drafter.table, budget, seed)
 
 
+@pytest.mark.parametrize("budget", [64, 256])
+def test_auto_on_a_half_tied_draft_gives_the_cpu_ops_tree(ops, monkeypatch, budget):
+    """The oracle's rows hold thousands of tokens at one floor logprob, so each depth's top-k is half tied and
+    `auto` pops the heap there (kernels/csrc/cuda/tree_build.cu half_tied): the CPU op's tree, ties included."""
+    from engine.drafters.oracle import OracleDrafter
+
+    seed = _seed()
+    rng = random.Random(seed)
+    drafter = OracleDrafter([rng.randrange(20000) for _ in range(15)], 20000, 15, noise=0.3, seed=seed)
+    monkeypatch.setenv("DDTREE_TREE_BUILD", "auto")
+    _build_both(ops, drafter.table[:15].contiguous(), budget, seed)
+
+
 @pytest.mark.parametrize("method", ["auto", "heap", "threshold"])
 def test_tree_build_methods_on_positive_logprobs(ops, monkeypatch, method):
     """A positive logprob breaks the threshold build's premise (children never outscore their parent): auto

@@ -16,6 +16,18 @@ constexpr int kSelectThreads = kThresholdThreads;
 // pass per level, the sort) outweighs B serial pops (H200, V = 163840: 29.7 vs 24.5 us at B = 16, even at 64).
 constexpr int kThresholdMinBudget = 64;
 
+// Whether some depth's top-k holds its middle and last entries at one logprob (an oracle's floor tokens: 163,832 tied
+// at V = 163840): then many nodes tie at any threshold, which the threshold build orders by parent level by level,
+// and `auto` pops the heap, which costs less there (H100, V = 163840, L = 15, the exact oracle's draft: 132 against
+// 175 us at B = 256, 73 against 104 at B = 64; random drafts tie no such half and keep the threshold build). Every
+// thread reads the same entries, so the block agrees.
+__device__ __forceinline__ bool half_tied(const float* logprobs, int num_rows, int k) {
+  for (int r = 0; r < num_rows; ++r) {
+    if (k >= 2 && logprobs[r * k + k / 2] == logprobs[r * k + k - 1]) return true;
+  }
+  return false;
+}
+
 struct SelectArgs {
   TopKResult topk;  // [rows, k] logprobs and tokens
   int num_rows;
@@ -28,9 +40,9 @@ size_t select_smem_bytes(int budget, int num_rows, int k) {
          threshold_smem_bytes(budget, num_rows) + static_cast<size_t>(num_rows) * k * sizeof(float);
 }
 
-// One block: the tree (the threshold build; the heap on warp 0 when heap_only, below kThresholdMinBudget pops or
-// where the threshold build gives up), the node arrays and the visibility rows (the matrix was zeroed by the
-// top-k). It pops `budget` nodes, min(B, budget_limit): the shared memory's layout for that many is a prefix of
+// One block: the tree (the threshold build; the heap on warp 0 when heap_only, below kThresholdMinBudget pops, on a
+// half-tied top-k or where the threshold build gives up), the node arrays and the visibility rows (the matrix was
+// zeroed by the top-k). It pops `budget` nodes, min(B, budget_limit): the shared memory's layout for that many is a prefix of
 // the one for B, and the first n pops do not depend on K as long as K >= n (a rank-r node follows its r
 // siblings), so the top-k's K = min(B, V) serves every limit; the nodes after the pops are padding.
 __device__ __forceinline__ void select_tree(const SelectArgs& args, bool heap_only) {
@@ -57,6 +69,7 @@ __device__ __forceinline__ void select_tree(const SelectArgs& args, bool heap_on
   wait_for_previous_grid();  // the top-k
   for (int i = threadIdx.x; i < args.num_rows * k; i += blockDim.x) logprobs[i] = args.topk.logprobs[i];
   __syncthreads();
+  heap_only = heap_only || (out.method == TreeBuildMethod::kAuto && half_tied(logprobs, args.num_rows, k));
 
   int num_popped =
       heap_only ? -1 : threshold_build(logprobs, args.num_rows, k, budget, heap.popped, threshold, threshold_shared);
