@@ -39,7 +39,8 @@ def per_head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [N, H, a] through weight [H, a, b], head by head: [N, H, b]. On CUDA one batched matmul writes straight into
     contiguous [N, H, b] rows (the batch strided by b, each head's rows by H b), where einsum's [H, N, b] result needed
     a copy of its own (verify_attn reads q_lat contiguous; o_proj the heads side by side): 16.8 MB at N = 257 on
-    Kimi-K2. einsum on the CPU (faster there) and where autograd needs it (out= records no backward)."""
+    Kimi-K2. einsum on the CPU (there the batched matmul into strided rows was slower at 65 rows) and where autograd
+    needs it (out= records no backward)."""
     if not x.is_cuda or needs_autograd(x, weight):
         return torch.einsum("nha,hab->nhb", x, weight)
     out = x.new_empty(x.shape[0], x.shape[1], weight.shape[2])
