@@ -22,8 +22,9 @@ constexpr int kThresholdMinBudget = 64;
 // 175 us at B = 256, 73 against 104 at B = 64; random drafts tie no such half and keep the threshold build). Every
 // thread reads the same entries, so the block agrees.
 __device__ __forceinline__ bool half_tied(const float* logprobs, int num_rows, int k) {
+  if (k < 2) return false;
   for (int r = 0; r < num_rows; ++r) {
-    if (k >= 2 && logprobs[r * k + k / 2] == logprobs[r * k + k - 1]) return true;
+    if (logprobs[r * k + k / 2] == logprobs[r * k + k - 1]) return true;
   }
   return false;
 }
@@ -42,8 +43,8 @@ size_t select_smem_bytes(int budget, int num_rows, int k) {
 
 // One block: the tree (the threshold build; the heap on warp 0 when heap_only, below kThresholdMinBudget pops, on a
 // half-tied top-k or where the threshold build gives up), the node arrays and the visibility rows (the matrix was
-// zeroed by the top-k). It pops `budget` nodes, min(B, budget_limit): the shared memory's layout for that many is a prefix of
-// the one for B, and the first n pops do not depend on K as long as K >= n (a rank-r node follows its r
+// zeroed by the top-k). It pops `budget` nodes, min(B, budget_limit): the shared memory's layout for that many is a
+// prefix of the one for B, and the first n pops do not depend on K as long as K >= n (a rank-r node follows its r
 // siblings), so the top-k's K = min(B, V) serves every limit; the nodes after the pops are padding.
 __device__ __forceinline__ void select_tree(const SelectArgs& args, bool heap_only) {
   extern __shared__ uint64_t smem[];
