@@ -5,9 +5,9 @@
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
 #   exact: the batch-invariant mode's matmul (bench_kernels --sections linear_rows) and steps (bench_exact)
 #   router: router_logits' CUDA tiles beside cuBLAS's float32 gemm (benchmarks/router_tiles.cu, built with nvcc)
-#   pair: train the shipped target and its DFlash drafter (showcase presets, resumable; TARGET_ARGS and DRAFTER_ARGS
-#         add options, e.g. TARGET_ARGS="--steps 8000") into $PAIR, tar them into $OUT in parts, then bench_pair
-#         (BENCH_ARGS) with what is left of TOTAL_S
+#   pair: train a target and its DFlash drafter (the PRESET presets, default showcase: the shipped pair's; resumable;
+#         TARGET_ARGS and DRAFTER_ARGS add options, e.g. TARGET_ARGS="--steps 8000") into $PAIR, tar them into $OUT
+#         in parts, then bench_pair (BENCH_ARGS) with what is left of TOTAL_S
 #   parallel: on a machine of several GPUs, bench_moe at a fixed model over 1, 2, 4, ... ranks (torchrun, NCCL),
 #         then the parallel CPU tests; NVLink multicast stays off (the three variables below)
 set -uo pipefail
@@ -19,6 +19,7 @@ export CXX=/usr/bin/g++
 mode=${1:-check}
 PAIR=${PAIR:-/tmp/pair/ddtree-py-17m}
 CORPUS=${CORPUS:-.corpus/stdlib-torch-packages.tar.xz}
+PRESET=${PRESET:-showcase}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"
 if [ "$mode" = check ] || [ "$mode" = full ]; then
@@ -77,9 +78,9 @@ if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), th
     CORPUS=$unpacked
   fi
   train target "$PAIR" $(( ${TARGET_S:-420} < total - SECONDS - 30 ? ${TARGET_S:-420} : total - SECONDS - 30 )) \
-    python3 -m engine train-target --out "$PAIR" --preset showcase --corpus-dir "$CORPUS" ${TARGET_ARGS:-}
+    python3 -m engine train-target --out "$PAIR" --preset "$PRESET" --corpus-dir "$CORPUS" ${TARGET_ARGS:-}
   [ -f "$PAIR/training.json" ] && train drafter "$PAIR/dflash" $(( total - SECONDS - 90 )) \
-    python3 -m engine train-drafter --target "$PAIR" --preset showcase --corpus-dir "$CORPUS" ${DRAFTER_ARGS:-}
+    python3 -m engine train-drafter --target "$PAIR" --preset "$PRESET" --corpus-dir "$CORPUS" ${DRAFTER_ARGS:-}
   wait
   # The shipped files (no checkpoints) in parts under the 16 MiB a returned file may have: cat pair.tar.part-* | tar -x
   [ -f "$PAIR/training.json" ] && tar -C "$(dirname "$PAIR")" --exclude=checkpoints --exclude=sequences.pt \

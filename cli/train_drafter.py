@@ -73,13 +73,16 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts + [f"--{flag}" for flag in ("resume", "force") if getattr(args, flag)])
 
 
-def _save_drafter(out: Path, cfg, tensors: dict) -> None:
+def _save_drafter(out: Path, cfg, tensors: dict, save_dtype: str) -> None:
     """The DFlash directory's files into out, beside whatever else it holds: written whole into a fresh sibling
-    folder by save_dflash_dir, then each renamed into out."""
+    folder by save_dflash_dir, then each renamed into out. fp8: the matrices quantized from float32, the norms
+    bfloat16."""
+    fp8, stored = save_dtype == "fp8", SAVE_DTYPES.get(save_dtype, torch.bfloat16)
+    tensors = {n: t.detach().to("cpu", torch.float32 if fp8 and t.dim() == 2 else stored) for n, t in tensors.items()}
     staging = out.with_name(f".{out.name}.drafter-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        save_dflash_dir(staging, cfg, tensors)
+        save_dflash_dir(staging, cfg, tensors, fp8=fp8)
         for name in MODEL_FILES:
             os.replace(staging / name, out / name)
     finally:
@@ -131,9 +134,8 @@ def train_drafter(args: argparse.Namespace) -> int:
         print(f"paused at step {trainer.step}: continue with --resume --out {out}", file=sys.stderr)
         return 0
     final = trainer.history.intervals[-1]
-    tensors = {n: t.detach().to("cpu", SAVE_DTYPES[recipe.save_dtype]) for n, t in drafter.tensors().items()}
     with writing(out):
-        _save_drafter(out, cfg, tensors)
+        _save_drafter(out, cfg, drafter.tensors(), recipe.save_dtype)
     report = {"commands": trainer.history.commands, "recipe": recipe.to_dict(), "config": cfg.to_dict(),
               "target": str(args.target), "num_parameters": sum(p.numel() for p in drafter.parameters()),
               "device": torch.cuda.get_device_name() if recipe.device == "cuda" else "cpu", "torch": torch.__version__,

@@ -25,7 +25,7 @@ from engine.loaders.text import TOKENIZER_FILE, Tokenizer, train_bpe
 from engine.training.checkpointing import load_checkpoint, remove_checkpoints, restore_checkpoint
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.data import WindowSampler, eval_windows, token_stream
-from engine.training.export import TARGET_SAVE_DTYPES, save_hf_dir
+from engine.training.export import save_hf_dir
 from engine.training.generate import distinct_ngram_rate, generation_dtype, greedy_generate
 from engine.training.loop import Trainer
 from engine.training.progress import Progress
@@ -241,7 +241,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (at most max_position_embeddings)")
     parser.add_argument("--dropout", type=float, help="residual dropout while training")
     parser.add_argument("--seed", type=int, help="seed of the initial weights, data order and dropout")
-    add_optimizer_options(parser, TARGET_SAVE_DTYPES)
+    add_optimizer_options(parser)
     parser.add_argument("--corpus-dir", type=Path, help="train on the .py/.txt/.md files under this folder instead")
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json (or a folder with one) instead of training")
     parser.add_argument("--init-from", type=Path, help="start from the weights and tokenizer of a model directory "

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import argparse
 
-from engine.training.export import SAVE_DTYPES
+from engine.training.export import SAVE_DTYPE_CHOICES
 
 
-def add_optimizer_options(p: argparse.ArgumentParser, save_dtypes: tuple[str, ...] = tuple(SAVE_DTYPES)) -> None:
-    """--lr, --device, --save-dtype (one of save_dtypes) and the logging / validation / checkpoint intervals."""
+def add_optimizer_options(p: argparse.ArgumentParser) -> None:
+    """--lr, --device, --save-dtype and the logging / validation / checkpoint intervals."""
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU")
-    p.add_argument("--save-dtype", choices=save_dtypes, help="dtype of model.safetensors (fp8: block-wise, as "
-                   "DeepSeek-V3 ships it)" if "fp8" in save_dtypes else "dtype of model.safetensors")
+    p.add_argument("--save-dtype", choices=SAVE_DTYPE_CHOICES, help="dtype of model.safetensors (fp8: the matrices "
+                   "block-wise FP8 as DeepSeek-V3 ships them, the rest bfloat16)")
     p.add_argument("--log-every", type=int, help="steps per logged interval")
     p.add_argument("--eval-every", type=int, help="steps between validations (a multiple of --log-every)")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (a multiple of --log-every)")

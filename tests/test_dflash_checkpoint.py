@@ -7,12 +7,14 @@ import json
 import random
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from dflash_dirs import small_layout
-from safetensors.torch import save_file
+from hf_dirs import dequantize_blocks
+from safetensors.torch import load_file, save_file
 
-from engine.loaders.dflash_checkpoint import dflash_dir_beside, load_tensors, read_dflash_dir
+from engine.loaders.dflash_checkpoint import dflash_dir_beside, load_tensors, read_dflash_dir, save_dflash_dir
 from engine.loaders.dflash_config import DFlashLoadError, build_target_layer_ids, config_from_json, config_to_json
 from engine.loaders.dflash_tensors import tensor_shapes
 from engine.model.dflash_fixtures import kimi_k25_layout, make_dflash_dir, random_tensors
@@ -65,6 +67,51 @@ def test_a_directory_loads_back_the_tensors_it_was_written_with(tmp_path, layout
         load_tensors(ckpt, "cpu", torch.float32)
 
 
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_an_fp8_directory_loads_its_matrices_dequantized(tmp_path, layout, num_shards):
+    """Saved with fp8=True: every matrix F8_E4M3 with a scale per 128 x 128 block beside it in its shard, the norms as
+    given; loaded, each matrix equals the tests' own numpy decode of its bits and scales, and stays within e4m3's
+    rounding (half a step of 3 mantissa bits) of the weight it was quantized from."""
+    written = random_tensors(layout, random.randrange(1000))
+    root = save_dflash_dir(tmp_path / "d", layout, written, num_shards=num_shards, fp8=True)
+    ckpt = read_dflash_dir(root)
+    assert ckpt.block == (128, 128) and ckpt.config == layout
+    matrices = [name for name, t in written.items() if t.dim() == 2]
+    assert sorted(ckpt.scales) == sorted(matrices)
+    assert all(ckpt.scales[n][0].path == ckpt.tensors[n][0].path for n in matrices), "a scale shares its shard"
+    stored = {}
+    for shard in {shard.path for shard, _ in ckpt.tensors.values()}:
+        stored |= load_file(shard)
+    loaded = load_tensors(ckpt, "cpu", torch.float32)
+    for name, tensor in written.items():
+        if name not in ckpt.scales:
+            assert torch.equal(loaded[name], tensor), name
+            continue
+        assert stored[name].dtype == torch.float8_e4m3fn
+        decoded = dequantize_blocks(stored[name].view(torch.uint8).numpy(), stored[name + "_scale_inv"].numpy(),
+                                    ckpt.block)
+        np.testing.assert_allclose(loaded[name].numpy(), decoded, rtol=1e-6, atol=0)
+        assert (loaded[name] - tensor).abs().max() <= tensor.abs().max() / 16, name
+    assert json.loads((root / "config.json").read_text())["quantization_config"]["weight_block_size"] == [128, 128]
+
+
+FP8_EDITS = [  # (edit of an fp8 directory's tensors, what the error says)
+    (lambda t: t.pop("fc.weight_scale_inv"), r"fc.weight is F8_E4M3 but has no fc.weight_scale_inv"),
+    (lambda t: t.update({"fc.weight_scale_inv": torch.ones(5, 5)}), r"fc.weight_scale_inv is F32 \[5, 5\]"),
+    (lambda t: t.update({"norm.weight_scale_inv": torch.ones(1)}), r"belong to no FP8 weight.*norm.weight_scale_inv"),
+    (lambda t: t.update({"norm.weight": t["norm.weight"].to(torch.float8_e4m3fn)}), "norm.weight is F8_E4M3 but"),
+    (lambda t: t.update({"fc.weight_scale_inv": t["fc.weight_scale_inv"].to(torch.int32)}), "scale_inv is I32"),
+]
+
+
+@pytest.mark.parametrize("edit, message", FP8_EDITS)
+def test_a_broken_fp8_directory_is_refused_naming_the_tensor(tmp_path, layout, edit, message):
+    root = save_dflash_dir(tmp_path / "d", layout, random_tensors(layout, 0), fp8=True)
+    _rewrite_shard(root, edit)
+    with pytest.raises(DFlashLoadError, match=message):
+        read_dflash_dir(root)
+
+
 def test_bf16_weights_and_the_transformers_5_rope_layout_load(tmp_path, layout):
     root = make_dflash_dir(tmp_path / "d", layout, dtype=torch.bfloat16)
     data = json.loads((root / "config.json").read_text())
@@ -107,7 +154,9 @@ CONFIG_EDITS = [  # (edit of config.json's dict, what the error says)
     (lambda d: d.update(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
     (lambda d: d.update(use_sliding_window=True), "use_sliding_window=True"),
     (lambda d: d.update(layer_types=["sliding_attention"] * 2), "layer_types="),
-    (lambda d: d.update(quantization_config={"quant_method": "fp8"}), "quantized"),
+    (lambda d: d.update(quantization_config={"quant_method": "gptq", "bits": 4}), r"quantized \(quantization_config"
+                                                                                    r"\.quant_method='gptq'\)"),
+    (lambda d: d.update(quantization_config={"quant_method": "fp8"}), r"weight_block_size=None"),
     (lambda d: d.update(rope_scaling={"type": "linear", "factor": 2.0}), "RoPE type 'linear' is not supported"),
     (lambda d: d.update(rope_scaling={"type": "yarn"}), "rope_scaling needs 'factor'"),
     (lambda d: d.update(rope_scaling={"type": "yarn", "factor": 2.0, "wiggle": 1}), r"unknown key\(s\) \['wiggle'\]"),

@@ -105,3 +105,45 @@ def test_an_installed_package_at_its_version_is_found(monkeypatch):
 
     monkeypatch.setattr(stage_corpus.metadata, "version", lambda _: "9.9")
     assert stage_corpus.package_root("numpy", "9.9") == Path(numpy.__file__).parent
+
+
+def test_with_app_packages_adds_each_under_its_import_name_less_generated_code(tmp_path, monkeypatch):
+    lib = tmp_path / "lib"
+    (lib / "os.py").parent.mkdir(parents=True)
+    (lib / "os.py").write_text("import sys\n")
+    kept = {"__init__.py", f"runtime/app_{random.randrange(10**6)}.py", "tests/test_api.py"}
+    dropped = {"proto/Block_pb2.py", "descriptor_pb2.py", "graph_objs/layout/_xaxis.py", "vegalite/v6/schema/core.py",
+               "inference/_generated/types.py", "_vendor/six.py", "vendored/version.py", "idnadata.py",
+               "uts46data.py", "__pycache__/c.py"}
+    for name in stage_corpus.APP_PACKAGES:
+        for rel in kept | dropped:
+            path = tmp_path / "site" / name / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"# {name}: {rel}\n")
+    seen = []
+
+    def package_root(name, version, distribution, option):
+        seen.append((name, distribution, version, option))
+        return tmp_path / "site" / name
+
+    monkeypatch.setattr(stage_corpus.sysconfig, "get_paths", lambda: {"stdlib": str(lib)})
+    monkeypatch.setattr(stage_corpus, "package_root", package_root)
+    out = tmp_path / "out"
+    assert stage_corpus.main(["--with-app-packages", str(out)]) == 0
+    expected = {"os.py"} | {f"{name.replace('.', '/')}/{rel}" for name in stage_corpus.APP_PACKAGES for rel in kept}
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*.py")} == expected
+    assert seen == [(n, d, v, "--with-app-packages") for n, (d, v) in stage_corpus.APP_PACKAGES.items()]
+
+
+def test_an_app_package_is_found_by_its_import_name_and_checked_by_its_distribution(monkeypatch):
+    import yaml
+
+    versions = {"pyyaml": "6.0.3"}
+    monkeypatch.setattr(stage_corpus.metadata, "version", lambda dist: versions[dist])
+    assert stage_corpus.package_root("yaml", "6.0.3", "pyyaml", "--with-app-packages") == Path(yaml.__file__).parent
+    refused = r"pyyaml 6\.0\.3 is installed but the corpus is staged from pyyaml 7\.0: install pyyaml==7\.0 \(or stage"
+    with pytest.raises(SystemExit, match=refused + r" it without --with-app-packages\)"):
+        stage_corpus.package_root("yaml", "7.0", "pyyaml", "--with-app-packages")
+    with pytest.raises(SystemExit, match="has no package typing_extensions"):
+        versions["typing-extensions"] = "4.0"
+        stage_corpus.package_root("typing_extensions", "4.0", "typing-extensions", "--with-app-packages")

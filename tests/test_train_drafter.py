@@ -21,6 +21,7 @@ from engine.decoding.session import decode
 from engine.drafters import DrafterSpec
 from engine.loaders.dflash_checkpoint import load_tensors, read_dflash_dir
 from engine.loaders.dflash_config import DFlashConfig
+from engine.loaders.dflash_tensors import tensor_shapes
 from engine.loaders.text import Tokenizer
 from engine.model.dflash import DFlashModel, DFlashWeights
 from engine.model.target import TargetModel
@@ -135,6 +136,33 @@ def test_pause_and_resume_equal_an_uninterrupted_run(tiny_target_run, tmp_path):
     assert all(torch.equal(a[n], b[n]) for n in a)
 
 
+def test_an_fp8_drafter_is_saved_block_wise_and_drafts_ar_s_tokens(tiny_target_run, tmp_path):
+    """--save-dtype fp8: the matrices F8_E4M3 with their scales (half the bytes of bfloat16), and the drafter
+    loaded from them still decodes AR's tokens in the engine."""
+    target, _ = tiny_target_run
+    short = ["--target", str(target), "--preset", "tiny", "--device", "cpu", "--steps", "20", "--num-sequences",
+             "32", "--log-every", "10", "--eval-every", "20", "--checkpoint-every", "20"]
+    for dtype in ("bfloat16", "fp8"):
+        code, log = run_drafter(*short, "--out", str(tmp_path / dtype), "--save-dtype", dtype)
+        assert code == 0, log
+    ckpt = read_dflash_dir(tmp_path / "fp8")
+    assert ckpt.block == (128, 128) and sorted(ckpt.scales) == sorted(
+        n for n, s in tensor_shapes(ckpt.config).items() if len(s) == 2)
+    fp8_bytes, bf16_bytes = ((tmp_path / d / "model.safetensors").stat().st_size for d in ("fp8", "bfloat16"))
+    assert fp8_bytes < 0.6 * bf16_bytes
+    fp8, bf16 = (load_tensors(read_dflash_dir(tmp_path / d), "cpu", torch.float32) for d in ("fp8", "bfloat16"))
+    for name, tensor in bf16.items():  # the same run (same seed): e4m3's rounding apart
+        assert (fp8[name] - tensor).abs().max() <= tensor.abs().max() / 8, name
+    from engine.loaders.loading import load_model
+
+    model_ckpt = load_model(target)
+    prompt = Tokenizer.load(target).encode("class Config:\n    def __init__(self")
+    cfg = DecodeConfig(budget=16, block_size=DRAFTER_PRESETS["tiny"].block_size, max_new_tokens=24)
+    ar = decode(model_ckpt, prompt, cfg, "ar")
+    tree = decode(model_ckpt, prompt, cfg, "ddtree", DrafterSpec("dflash", model=str(tmp_path / "fp8")))
+    assert_greedy_equal(ar.tokens, ar.logits, tree.tokens)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--target", "/no/such/target"], "not a directory"),
     (["--steps", "0"], "steps=0"),
@@ -213,3 +241,32 @@ def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, cap
                             "--batch-invariant", "--prompts", "2", "--out", str(tmp_path)]) == 0
     exact = json.loads((tmp_path / "pair-cpu.json").read_text())
     assert "batch-invariant" in exact["setup"] and all(r["exact"] == "2/2" for r in exact["rows"])
+
+
+def test_the_showcase_22m_pair_fits_the_shipping_budget(tmp_path):
+    """The next pair's presets, saved as they ship (target and drafter in fp8), beside the shipped pair's other files
+    (their sizes standing in for the new pair's) and the fixture: models/ stays within 30 MiB, with a target
+    larger than the shipped one."""
+    from engine.loaders.dflash_checkpoint import save_dflash_dir
+    from engine.loaders.shipped import DEFAULT_MODEL
+    from engine.training.export import save_hf_dir
+    from engine.training.recipe import PRESETS
+    from engine.training.target_model import TargetLM
+
+    recipe, drafter_recipe = PRESETS["showcase-22m"], DRAFTER_PRESETS["showcase-22m"]
+    assert recipe.save_dtype == drafter_recipe.save_dtype == "fp8"
+    target = TargetLM(recipe.model_config(4096))
+    shipped = TargetLM(PRESETS["showcase"].model_config(4096))
+    assert sum(p.numel() for p in target.parameters()) > 1.25 * sum(p.numel() for p in shipped.parameters())
+    save_hf_dir(target, tmp_path / "target", "fp8")
+    cfg = drafter_recipe.drafter_config(target.cfg, 0)
+    assert cfg.target_layer_ids[-1] == target.cfg.num_hidden_layers - 1
+    drafter = DrafterLM(cfg)
+    tensors = {n: t.detach().float() if t.dim() == 2 else t.detach().bfloat16() for n, t in drafter.tensors().items()}
+    save_dflash_dir(tmp_path / "target" / "dflash", cfg, tensors, fp8=True)
+    beside = ("tokenizer.json", "prompts.json", "training.json", "dflash/training.json")
+    others = [DEFAULT_MODEL / name for name in beside]
+    others += [DEFAULT_MODEL.parent / name for name in ("model_tiny.kdtr", "README.md")]
+    total = sum(p.stat().st_size for p in (tmp_path / "target").rglob("*") if p.is_file())
+    total += sum(p.stat().st_size for p in others)
+    assert total <= 30 * 2**20, f"{total / 2**20:.1f} MiB"

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from cli.__main__ import main as cli_main
 from engine.config import DecodeConfig, ModelConfig
 from engine.decoding.session import decode
+from engine.loaders.fp8_blocks import FP8_BLOCK, FP8_QUANTIZATION, quantize_fp8
 from engine.loaders.hf_import import read_hf_dir
 from engine.loaders.loading import load_model
 from engine.loaders.text import Tokenizer
@@ -31,15 +32,7 @@ from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
 from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.data import WindowSampler, eval_windows
-from engine.training.export import (
-    FP8_BLOCK,
-    FP8_QUANTIZATION,
-    SAVE_DTYPES,
-    TARGET_SAVE_DTYPES,
-    is_fp8_weight,
-    quantize_fp8,
-    save_hf_dir,
-)
+from engine.training.export import is_fp8_weight, save_hf_dir
 from engine.training.generate import distinct_ngram_rate, greedy_generate
 from engine.training.loop import Trainer
 from engine.training.recipe import PRESETS
@@ -375,7 +368,6 @@ def test_an_fp8_target_loads_dequantized_and_decodes_as_ar(tmp_path):
     assert_greedy_equal(ar.tokens, ar.logits, tree.tokens)
 
 
-def test_fp8_is_a_target_save_dtype_only():
-    assert "fp8" in TARGET_SAVE_DTYPES and "fp8" not in SAVE_DTYPES
+def test_an_unknown_save_dtype_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match=r"dtype='fp16': expected one of \('bfloat16', 'float32', 'fp8'\)"):
         save_hf_dir(TargetLM(variant_config("qlora_dense1_groups")), Path("/nonexistent"), "fp16")

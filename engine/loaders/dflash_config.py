@@ -136,9 +136,6 @@ def config_from_json(data: Any, where: str) -> DFlashConfig:
     if data.get("model_type") != MODEL_TYPE:
         raise DFlashLoadError(f"{where}: model_type={data.get('model_type')!r:.80}; DFlash drafters are "
                               f"{MODEL_TYPE!r} (Qwen3 decoder layers)")
-    if data.get("quantization_config"):
-        raise DFlashLoadError(f"{where}: the drafter is quantized (quantization_config); dequantize it to "
-                              "bfloat16/float32 safetensors first and drop quantization_config")
     for key, value in FIXED_KEYS.items():
         given = data.get(key, value)
         if given != value or isinstance(given, bool) != isinstance(value, bool):  # 0 is not false here

@@ -9,7 +9,6 @@ The config's sizes are first checked against the tensors the headers actually ho
 """
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from collections.abc import Callable
@@ -17,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import ModelConfig
+from engine.loaders.fp8_blocks import FP8_DTYPE, SCALE_SUFFIX, scale_shape
 from engine.loaders.hf_config import ARCHITECTURE, HFLoadError
 from engine.loaders.hf_layout import Shard
 from engine.loaders.safetensors_file import TensorEntry
 from engine.model.weights import weight_shapes
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors dtypes read as they are
-FP8_DTYPE, SCALE_SUFFIX = "F8_E4M3", "_scale_inv"
 _LAYER = re.compile(r"model\.layers\.(\d{1,9})\.")
 _EXPERT = re.compile(r"model\.layers\.(\d{1,9})\.mlp\.experts\.(\d{1,9})\.")
 _FUSED = re.compile(r"model\.layers\.(\d{1,9})\.mlp\.experts\.(?:gate_up_proj|down_proj)")
@@ -77,11 +76,6 @@ class Read:
         if self.fused is None:
             return [(self.name, ())]
         return self.fused.pieces(self.fused.pattern.fullmatch(self.name).group(1), cfg)
-
-
-def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
-    """The shape of an FP8 weight's scale_inv: one number per block of its last two dimensions."""
-    return (*shape[:-2], math.ceil(shape[-2] / block[0]), math.ceil(shape[-1] / block[1]))
 
 
 def present_tensors(shards: list[Shard], placement: dict[str, Path]) -> dict[str, tuple[Shard, TensorEntry]]:
@@ -155,7 +149,7 @@ def plan_reads(cfg: ModelConfig, present: dict[str, tuple[Shard, TensorEntry]], 
         if entry.shape != want:
             raise HFLoadError(f"{shard.path}: tensor {name} has shape {entry.shape}, but config.json implies {want}; "
                               "the config and the weights do not belong together")
-        read = Read(shard, name, entry, _scale_of(name, entry, present, block), fused)
+        read = Read(shard, name, entry, scale_of(name, entry, present, block), fused)
         for out, _ in read.pieces(cfg):
             if out in given:
                 raise HFLoadError(f"{shard.path}: {out} is given twice (fused and per-expert?); keep one form")
@@ -171,7 +165,7 @@ def plan_reads(cfg: ModelConfig, present: dict[str, tuple[Shard, TensorEntry]], 
     return reads
 
 
-def _scale_of(name: str, entry: TensorEntry, present: dict, block: tuple[int, int] | None):
+def scale_of(name: str, entry: TensorEntry, present: dict, block: tuple[int, int] | None):
     """The (shard, entry) of an FP8 weight's scale_inv, checked; None for a weight stored as floats."""
     shard = present[name][0]
     if entry.dtype != FP8_DTYPE or block is None:

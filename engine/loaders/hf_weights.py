@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from engine.config import ModelConfig
+from engine.loaders.fp8_blocks import dequantize_fp8
 from engine.loaders.hf_config import HFLoadError
 from engine.loaders.hf_layout import Shard
 from engine.loaders.hf_plan import Read
@@ -31,14 +32,6 @@ from engine.loaders.safetensors_file import TensorEntry, read_exactly
 
 TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                 "F8_E4M3": torch.float8_e4m3fn}
-
-
-def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """weight [..., R, C] times the scale of its (block[0] x block[1]) block, scale_inv [..., ceil(R/b0), ceil(C/b1)];
-    float32, on weight's device."""
-    rows, cols = weight.shape[-2:]
-    scale = scale_inv.float().repeat_interleave(block[0], dim=-2)[..., :rows, :]
-    return weight.float() * scale.repeat_interleave(block[1], dim=-1)[..., :cols]
 
 
 class HFWeights:

@@ -14,16 +14,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.loaders.fp8_blocks import FP8_QUANTIZATION, quantize_fp8
 from engine.loaders.hf_config import ARCHITECTURE, FIXED_KEYS
 from engine.loaders.hf_layout import SINGLE_FILE
 from engine.training.target_model import INIT_STD, TargetLM
 
 SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-TARGET_SAVE_DTYPES = (*SAVE_DTYPES, "fp8")  # a target can also be saved block-wise FP8 (a drafter cannot)
-FP8_BLOCK = (128, 128)  # DeepSeek-V3's and Kimi-K2's weight_block_size
-FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
-FP8_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                    "weight_block_size": list(FP8_BLOCK)}
+SAVE_DTYPE_CHOICES = (*SAVE_DTYPES, "fp8")  # fp8: the matrices block-wise FP8 (engine/loaders/fp8_blocks.py)
 
 
 def is_fp8_weight(name: str, shape: tuple[int, ...]) -> bool:
@@ -31,18 +28,6 @@ def is_fp8_weight(name: str, shape: tuple[int, ...]) -> bool:
     (not the embeddings, the lm_head or the router's gate)."""
     return len(shape) == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight") \
         and not name.endswith(".mlp.gate.weight")
-
-
-def quantize_fp8(weight: torch.Tensor, block: tuple[int, int] = FP8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 weight [R, C], float32 scale_inv [ceil(R / b0), ceil(C / b1)]): weight ~= e4m3 x its block's
-    scale_inv, each block's largest magnitude mapped to FP8_MAX (a block of zeros gets a tiny scale)."""
-    rows, cols = weight.shape
-    num_r, num_c = -(-rows // block[0]), -(-cols // block[1])
-    padded = torch.nn.functional.pad(weight.float(), (0, num_c * block[1] - cols, 0, num_r * block[0] - rows))
-    tiles = padded.view(num_r, block[0], num_c, block[1])
-    scale = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX  # [num_r, num_c]
-    scaled = (tiles / scale[:, None, :, None]).view(num_r * block[0], num_c * block[1])[:rows, :cols]
-    return scaled.to(torch.float8_e4m3fn).contiguous(), scale
 
 
 def hf_config(model: TargetLM, dtype: str, end_of_text_id: int | None) -> dict:
@@ -60,10 +45,10 @@ def hf_config(model: TargetLM, dtype: str, end_of_text_id: int | None) -> dict:
 
 def save_hf_dir(model: TargetLM, directory: str | Path, dtype: str = "bfloat16",
                 end_of_text_id: int | None = None) -> list[Path]:
-    """config.json and model.safetensors (weights in dtype, one of TARGET_SAVE_DTYPES) into directory; returns the
+    """config.json and model.safetensors (weights in dtype, one of SAVE_DTYPE_CHOICES) into directory; returns the
     two files."""
-    if dtype not in TARGET_SAVE_DTYPES:
-        raise ValueError(f"dtype={dtype!r}: expected one of {TARGET_SAVE_DTYPES}")
+    if dtype not in SAVE_DTYPE_CHOICES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {SAVE_DTYPE_CHOICES}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {}

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.config import ConfigError, ModelConfig
-from engine.training.export import TARGET_SAVE_DTYPES
+from engine.training.export import SAVE_DTYPE_CHOICES
 
 
 class TrainError(ValueError):
@@ -30,6 +30,7 @@ SHOWCASE_MODEL = dict(
     routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, rope_interleave=True,
     max_position_embeddings=1024,
 )
+SHOWCASE_22M_MODEL = {**SHOWCASE_MODEL, "num_hidden_layers": 8}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +93,8 @@ class Recipe:
         need(self.weight_decay >= 0 and self.grad_clip > 0 and self.bias_update_speed >= 0,
              "weight_decay and bias_update_speed must be >= 0 and grad_clip > 0")
         need(self.device in ("cpu", "cuda"), f"device={self.device!r}: expected cpu or cuda")
-        need(self.save_dtype in TARGET_SAVE_DTYPES,
-             f"save_dtype={self.save_dtype!r}: expected one of {TARGET_SAVE_DTYPES}")
+        need(self.save_dtype in SAVE_DTYPE_CHOICES,
+             f"save_dtype={self.save_dtype!r}: expected one of {SAVE_DTYPE_CHOICES}")
         for name in ("eval_every", "checkpoint_every"):
             need(getattr(self, name) % self.log_every == 0,
                  f"{name}={getattr(self, name)} must be a multiple of log_every={self.log_every} (logs, evals and "
@@ -141,4 +142,9 @@ PRESETS = {
     "showcase": Recipe(preset="showcase", model=SHOWCASE_MODEL, vocab_size=4096, steps=7000, batch_size=32,
                        seq_len=1024, lr=2e-3, dropout=0.1, log_every=50, eval_every=250, eval_windows=128,
                        checkpoint_every=250, save_dtype="fp8"),
+    # The next pair's target: two more layers (21.7 M parameters, 24.8 MB in fp8, which an fp8 drafter leaves room
+    # for), 5.98 epochs of the corpus with --with-app-packages (benchmarks/stage_corpus.py: 46.56 M training tokens).
+    "showcase-22m": Recipe(preset="showcase-22m", model=SHOWCASE_22M_MODEL, vocab_size=4096, steps=8500,
+                           batch_size=32, seq_len=1024, lr=2e-3, dropout=0.1, log_every=50, eval_every=250,
+                           eval_windows=128, checkpoint_every=250, save_dtype="fp8"),
 }
