@@ -1,12 +1,11 @@
 """A DFlash checkpoint directory as z-lab ships it: config.json plus model.safetensors, or shards listed in
 model.safetensors.index.json. read_dflash_dir checks the config and every tensor's name, dtype and shape from
-the safetensors headers before any data is read; load_tensors then reads them onto a device. The matrices may be
-stored block-wise FP8 as DeepSeek-V3 stores its weights (engine/loaders/fp8_blocks.py, config.json's
-quantization_config saying so), dequantized as they arrive; save_dflash_dir(..., fp8=True) writes them so, at about
-half the bytes of bfloat16. The files are
-found, kept inside the directory, parsed (strict JSON) and read exactly as the target's Hugging Face loader does
-(engine/loaders/hf_layout.py, engine/loaders/hf_weights.py); its errors arrive here as DFlashLoadError.
-save_dflash_dir writes the same layout, and dflash_dir_beside is where the dashboard looks for a target's drafter."""
+the safetensors headers before any data is read; load_tensors then reads them onto a device. The files are found,
+kept inside the directory, parsed (strict JSON) and read exactly as the target's Hugging Face loader does
+(engine/loaders/hf_layout.py, engine/loaders/hf_weights.py); its errors arrive here as DFlashLoadError. The matrices
+may be stored block-wise FP8 as DeepSeek-V3 stores its weights (engine/loaders/fp8_blocks.py, config.json's
+quantization_config saying so), dequantized as they arrive. save_dflash_dir writes the same layout (fp8=True: at about
+half the bytes of bfloat16), and dflash_dir_beside is where the dashboard looks for a target's drafter."""
 from __future__ import annotations
 
 import contextlib
@@ -74,7 +73,7 @@ def _check_tensors(present: dict[str, tuple[Shard, TensorEntry]], cfg: DFlashCon
         try:
             scale = scale_of(name, entry, present, block)
         except HFLoadError as exc:
-            raise DFlashLoadError(str(exc).replace("convert the checkpoint", "convert the drafter")) from exc
+            raise DFlashLoadError(str(exc)) from exc
         if scale is not None:
             scales[name] = scale
     stray = sorted(scale_names & set(present) - {name + SCALE_SUFFIX for name in scales})
