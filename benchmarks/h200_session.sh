@@ -5,9 +5,11 @@
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
 #   exact: the batch-invariant mode's matmul (bench_kernels --sections linear_rows) and steps (bench_exact)
 #   router: router_logits' CUDA tiles beside cuBLAS's float32 gemm (benchmarks/router_tiles.cu, built with nvcc)
-#   pair: train a target and its DFlash drafter (the PRESET presets, default showcase: the shipped pair's; resumable;
-#         TARGET_ARGS and DRAFTER_ARGS add options, e.g. TARGET_ARGS="--steps 8000") into $PAIR, tar them into $OUT
-#         in parts, then bench_pair (BENCH_ARGS) with what is left of TOTAL_S
+#   pair: train the shipped pair's way (the PRESET presets, default showcase; resumable while the machine is held):
+#         pretrain a target into $PAIR-pretrained, fine-tune it with the unlikelihood stage (UNLIKELIHOOD_ARGS; empty:
+#         no stage, the pretrained target is $PAIR) into $PAIR, train its DFlash drafter, tar the furthest finished
+#         stage into $OUT in parts, then bench_pair (BENCH_ARGS) with what is left of TOTAL_S; TARGET_ARGS and
+#         DRAFTER_ARGS add options, e.g. TARGET_ARGS="--steps 8000"
 #   parallel: on a machine of several GPUs, bench_moe at a fixed model over 1, 2, 4, ... ranks (torchrun, NCCL),
 #         then the parallel CPU tests; NVLink multicast stays off (the three variables below)
 set -uo pipefail
@@ -60,16 +62,20 @@ if [ "$mode" = parallel ]; then
   done
   python3 -m pytest -q -p no:cacheprovider tests/test_parallel.py 2>&1 | tail -3 | tee "$OUT/parallel_tests.log"
 fi
-# The shipped pair, resumable: each stage continues a paused or interrupted run in $PAIR, or skips a finished one.
-# $PAIR stays on the machine between calls while it is held (checkpoints hold optimizer state, too large to bring back).
+# The shipped pair, resumable: each stage continues a paused or interrupted run in its folder, or skips a finished one.
+# The folders stay on the machine between calls while it is held (checkpoints hold optimizer state, too large to bring
+# back). Every stage's output goes to $OUT/pair.log: a call brings back at most 8 files.
+UNLIKELIHOOD_ARGS=${UNLIKELIHOOD_ARGS---steps 600 --lr 1e-4 --seed 1 --log-every 50 --eval-every 100 \
+--checkpoint-every 100 --unlikelihood-weight 0.5 --unlikelihood-batch 64 --unlikelihood-every 5}
 train() {  # train(label, dir, seconds, command...): skipped when under a minute is left
   local label=$1 dir=$2 seconds=$3; shift 3
   local resume=(); compgen -G "$dir/checkpoints/step-*.pt" >/dev/null && resume=(--resume)
-  if [ -f "$dir/training.json" ] && [ -z "${resume[*]}" ]; then echo "$dir holds a finished run"; return; fi
+  if [ -f "$dir/training.json" ] && [ -z "${resume[*]}" ]; then echo "$label: $dir holds a finished run"; return; fi
   if [ "$seconds" -lt 60 ]; then echo "$label: ${seconds} s left, not started (the next call resumes)"; return; fi
-  timeout "$seconds" "$@" "${resume[@]}" 2>&1 | tr '\r' '\n' | tee -a "$OUT/train_$label.log"
+  echo "== $label, up to $seconds s: $* ${resume[*]}"
+  timeout "$seconds" "$@" "${resume[@]}" 2>&1 | tr '\r' '\n'
 }
-if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), the pair into $OUT, bench_pair
+if [ "$mode" = pair ]; then  # one call: the target's stages, the drafter (what time is left), the pair into $OUT, bench
   total=${TOTAL_S:-560}
   python3 -c "import kernels; kernels.load()" >"$OUT/build.log" 2>&1 &
   if [[ "$CORPUS" == *.tar.xz ]]; then  # a packed corpus (stage_corpus --with-torch): unpacked once per machine
@@ -77,14 +83,22 @@ if [ "$mode" = pair ]; then  # one call: target, drafter (what time is left), th
     [ -d "$unpacked" ] || { mkdir -p "$unpacked" && tar -xJf "$CORPUS" -C "$unpacked"; }
     CORPUS=$unpacked
   fi
-  train target "$PAIR" $(( ${TARGET_S:-420} < total - SECONDS - 30 ? ${TARGET_S:-420} : total - SECONDS - 30 )) \
-    python3 -m engine train-target --out "$PAIR" --preset "$PRESET" --corpus-dir "$CORPUS" ${TARGET_ARGS:-}
-  [ -f "$PAIR/training.json" ] && train drafter "$PAIR/dflash" $(( total - SECONDS - 90 )) \
-    python3 -m engine train-drafter --target "$PAIR" --preset "$PRESET" --corpus-dir "$CORPUS" ${DRAFTER_ARGS:-}
+  pretrained=$PAIR; [ -n "$UNLIKELIHOOD_ARGS" ] && pretrained=$PAIR-pretrained
+  {
+    train target "$pretrained" $(( ${TARGET_S:-420} < total - SECONDS - 30 ? ${TARGET_S:-420} : total - SECONDS - 30 )) \
+      python3 -m engine train-target --out "$pretrained" --preset "$PRESET" --corpus-dir "$CORPUS" ${TARGET_ARGS:-}
+    [ "$pretrained" != "$PAIR" ] && [ -f "$pretrained/training.json" ] && train unlikelihood "$PAIR" \
+      $(( total - SECONDS - 30 )) python3 -m engine train-target --out "$PAIR" --preset "$PRESET" \
+      --corpus-dir "$CORPUS" --init-from "$pretrained" $UNLIKELIHOOD_ARGS
+    [ -f "$PAIR/training.json" ] && train drafter "$PAIR/dflash" $(( total - SECONDS - 30 )) \
+      python3 -m engine train-drafter --target "$PAIR" --preset "$PRESET" --corpus-dir "$CORPUS" ${DRAFTER_ARGS:-}
+  } 2>&1 | tee -a "$OUT/pair.log"
   wait
-  # The shipped files (no checkpoints) in parts under the 16 MiB a returned file may have: cat pair.tar.part-* | tar -x
-  [ -f "$PAIR/training.json" ] && tar -C "$(dirname "$PAIR")" --exclude=checkpoints --exclude=sequences.pt \
-    -cf - "$(basename "$PAIR")" | split -b 15M - "$OUT/pair.tar.part-"
+  # The furthest finished stage's files (no checkpoints) in parts under the 16 MiB a returned file may have:
+  # cat pair.tar.part-* | tar -x
+  furthest=$PAIR; [ -f "$PAIR/training.json" ] || furthest=$pretrained
+  [ -f "$furthest/training.json" ] && tar -C "$(dirname "$furthest")" --exclude=checkpoints --exclude=sequences.pt \
+    -cf - "$(basename "$furthest")" | split -b 15M - "$OUT/pair.tar.part-"
   if [ -f "$PAIR/dflash/training.json" ] && [ $(( total - SECONDS )) -ge 120 ]; then
     timeout $(( total - SECONDS )) python3 -m benchmarks.bench_pair --model "$PAIR" --device cuda \
       ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench_pair.log"

@@ -42,7 +42,7 @@ RECIPE_OPTIONS = {"steps": "steps", "batch_size": "batch_size", "seq_len": "seq_
                   "log_every": "log_every", "eval_every": "eval_every", "checkpoint_every": "checkpoint_every",
                   "corpus_dir": "corpus_dir", "init_from": "init_from",
                   "unlikelihood_weight": "unlikelihood_weight", "unlikelihood_batch": "unlikelihood_batch",
-                  "unlikelihood_every": "unlikelihood_every"}
+                  "unlikelihood_every": "unlikelihood_every", "compile": "compile"}
 
 
 def _given(args: argparse.Namespace) -> dict:
@@ -109,8 +109,11 @@ def command_line(args: argparse.Namespace) -> str:
     """The command, options in a fixed order, as a shell line."""
     parts = ["python", "-m", "engine", "train-target", "--out", str(args.out)]
     for opt in ("preset", *RECIPE_OPTIONS, "tokenizer", "pause_at"):
-        if getattr(args, opt) is not None:
-            parts += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
+        value = getattr(args, opt)
+        if value is True:  # a flag
+            parts.append(f"--{opt.replace('_', '-')}")
+        elif value is not None:
+            parts += [f"--{opt.replace('_', '-')}", str(value)]
     parts += [f"--{flag}" for flag in ("resume", "force") if getattr(args, flag)]
     return shlex.join(parts)
 
@@ -253,5 +256,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the step's windows (default 8)")
     parser.add_argument("--unlikelihood-every", type=int, help="add the term every this many steps (a divisor of "
                         "--log-every; default 1): fewer, larger generations")
+    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile each step's forward "
+                        "and loss: fused kernels, faster on a GPU after a compile of a minute or two; the rounding "
+                        "differs slightly from the eager step's (a --resume keeps the run's choice)")
     add_run_dir_options(parser)
     parser.set_defaults(func=train_target)

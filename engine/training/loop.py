@@ -15,10 +15,18 @@ from engine.training.trainer import TrainerBase
 from engine.training.unlikelihood import repeated_ngram_mask, unlikelihood_loss
 
 
+def next_token_loss(model: TargetLM, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The mean cross-entropy of each window's next tokens [B, T + 1] and the MoE layers' expert loads: the part of
+    a step that --compile hands to torch.compile whole (the forward, the float32 logits and the loss fuse)."""
+    out = model(batch[:, :-1])
+    return F.cross_entropy(out.logits.flatten(0, 1), batch[:, 1:].flatten()), out.expert_loads
+
+
 class Trainer(TrainerBase):
     def __init__(self, model: TargetLM, recipe: Recipe, sampler: WindowSampler, eval_windows: torch.Tensor) -> None:
         super().__init__(model, recipe)
         self.model, self.sampler = model, sampler
+        self.next_token_loss = torch.compile(next_token_loss) if recipe.compile else next_token_loss
         self.eval_windows = eval_windows.to(recipe.device)
         # the unlikelihood term, the share of continuation tokens it penalised and the steps that added it, summed
         # over the logged interval
@@ -27,14 +35,13 @@ class Trainer(TrainerBase):
     def train_step(self) -> torch.Tensor:
         batch = self.sampler.batch(self.step)  # [B, T + 1]
         with self.autocast:
-            out = self.model(batch[:, :-1])
-        loss = F.cross_entropy(out.logits.flatten(0, 1), batch[:, 1:].flatten())
+            loss, expert_loads = self.next_token_loss(self.model, batch)
         total = loss
         if self.recipe.unlikelihood_weight and self.step % self.recipe.unlikelihood_every == 0:
             total = loss + self.recipe.unlikelihood_weight * self.unlikelihood(batch)
         self.optimizer_step(total)
-        if out.expert_loads is not None:
-            update_router_biases(self.model, out.expert_loads, self.recipe.bias_update_speed)
+        if expert_loads is not None:
+            update_router_biases(self.model, expert_loads, self.recipe.bias_update_speed)
         self.step += 1
         return loss.detach()
 

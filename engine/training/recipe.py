@@ -64,6 +64,7 @@ class Recipe:
     unlikelihood_weight: float = 0.0  # of the sequence-level unlikelihood term (engine/training/unlikelihood.py)
     unlikelihood_batch: int = 8  # prompts it continues greedily, cut from the step's windows (first pieces first)
     unlikelihood_every: int = 1  # the term joins every this many steps (a multiple of it starts each logged interval)
+    compile: bool = False  # torch.compile the step's next-token loss (fused kernels; rounding differs slightly)
 
     def __post_init__(self) -> None:
         def need(cond: bool, what: str) -> None:
@@ -93,6 +94,7 @@ class Recipe:
         need(self.weight_decay >= 0 and self.grad_clip > 0 and self.bias_update_speed >= 0,
              "weight_decay and bias_update_speed must be >= 0 and grad_clip > 0")
         need(self.device in ("cpu", "cuda"), f"device={self.device!r}: expected cpu or cuda")
+        need(isinstance(self.compile, bool), f"compile={self.compile!r}: expected True or False")
         need(self.save_dtype in SAVE_DTYPE_CHOICES,
              f"save_dtype={self.save_dtype!r}: expected one of {SAVE_DTYPE_CHOICES}")
         for name in ("eval_every", "checkpoint_every"):
