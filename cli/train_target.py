@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -99,6 +100,23 @@ def _check_device(device: str) -> None:
         raise TrainError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu")
 
 
+def _check_compile(recipe: Recipe) -> None:
+    """--compile needs what torch.compile generates code with: triton on a GPU, a C++ compiler on the CPU."""
+    if not recipe.compile:
+        return
+    if recipe.device == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            raise TrainError("--compile on cuda needs triton (torch.compile's GPU code generator), which this Python "
+                             "lacks: pip install triton, or drop --compile")
+        return
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    try:
+        get_cpp_compiler()
+    except Exception as exc:  # inductor's own compiler search found none (InvalidCxxCompiler)
+        raise TrainError(f"--compile on the CPU needs a C++ compiler (g++) and torch.compile found none "
+                         f"({type(exc).__name__}); install g++ (apt-get install g++), or drop --compile") from exc
+
+
 def _device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
@@ -147,6 +165,7 @@ def train_target(args: argparse.Namespace) -> int:
     state = load_checkpoint(resume_from, "model", Recipe.from_dict) if resume_from is not None else None
     recipe = recipe_from_args(args, state)
     _check_device(recipe.device)
+    _check_compile(recipe)
     initial, initial_record = None, None
     if state is None and recipe.init_from is not None:  # read and checked before DIR is touched
         initial, given_tokenizer = load_target(recipe.init_from, "cpu", recipe.dropout)

@@ -270,6 +270,13 @@ def test_out_dir_conflicts_fail_clearly(tiny_target_run, tmp_path, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in tiny_target_run[0].iterdir()} == before
 
 
+def test_compile_without_a_cpp_compiler_fails_clearly(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", (str(tmp_path / "no-such-g++"),))
+    code, err = train(capsys, "--out", str(tmp_path / "run"), "--device", "cpu", "--compile")
+    assert code == 2 and "needs a C++ compiler" in err and "drop --compile" in err, err
+    assert not (tmp_path / "run").exists(), "a refused run leaves nothing behind"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where torch sees no GPU")
 def test_cuda_without_a_gpu_fails_clearly(tmp_path, capsys):
     code, err = train(capsys, "--out", str(tmp_path / "run"), "--device", "cuda")
