@@ -117,14 +117,27 @@ def test_hidden_states_follow_transformers_numbering(tmp_path):
     assert model(tokens, logits_from=None).logits is None
 
 
-def test_batched_greedy_generation_equals_engine_ar(tmp_path):
+ON_A_GPU = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                             reason="needs a CUDA GPU")])
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_A_GPU])
+def test_batched_greedy_generation_equals_engine_ar(device, tmp_path):
+    """The prefill, then one-token steps at a position tensor (on a GPU a captured graph's replays, deterministic
+    mode on as train-target runs, and on again after): float32 tokens equal the engine's AR decode."""
     cfg = variant_config("qlora_dense1_groups")
     seed = int(np.random.default_rng().integers(1 << 30))
     model = module_with_weights(cfg, seed)
     ckpt = saved_and_loaded(model, tmp_path)
     engine_model = TargetModel.from_checkpoint(ckpt)
     prompts = np.random.default_rng(seed).integers(0, cfg.vocab_size, size=(5, 7))
-    ours = greedy_generate(model, torch.from_numpy(prompts), num_new=16, batch_size=2)  # chunks of 2, 2, 1
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        ours = greedy_generate(model.to(device), torch.from_numpy(prompts).to(device), num_new=16,
+                               batch_size=2).cpu()  # chunks of 2, 2, 1
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
     for prompt, tokens in zip(prompts.tolist(), ours.tolist(), strict=True):
         ar = decode(ckpt, prompt, DecodeConfig(max_new_tokens=16, budget=0), "ar", model=engine_model)
         assert_greedy_equal(ar.tokens, ar.logits, tokens)

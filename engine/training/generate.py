@@ -1,5 +1,6 @@
 """Batched generation with TargetLM: the target's own continuations of many prompts at once (the drafter's training
-data), greedy or sampled at a temperature under a seed, through an incremental cache of expanded per-head K/V."""
+data), greedy or sampled at a temperature under a seed, through an incremental cache of expanded per-head K/V whose
+one-token steps replay a captured CUDA graph on a GPU."""
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,8 @@ def _continuations(model: TargetLM, prompts: torch.Tensor, num_new: int, batch_s
                          f"the model has max_position_embeddings={model.cfg.max_position_embeddings}")
     if dtype not in AUTOCAST_DTYPES:
         raise ValueError(f"dtype={dtype!r}: expected one of {tuple(AUTOCAST_DTYPES)}")
-    autocast = (torch.autocast(device_type=prompts.device.type, dtype=AUTOCAST_DTYPES[dtype])
+    # no cast cache: a graph capture must not reuse casts made outside it
+    autocast = (torch.autocast(device_type=prompts.device.type, dtype=AUTOCAST_DTYPES[dtype], cache_enabled=False)
                 if AUTOCAST_DTYPES[dtype] else contextlib.nullcontext())
     was_training = model.training
     model.eval()
@@ -73,12 +75,50 @@ def _sampler(temperature: float, seed: int, device: torch.device):
 
 
 def _generate(model: TargetLM, prompts: torch.Tensor, num_new: int, capacity: int, pick) -> torch.Tensor:
+    """The prompts' prefill, then num_new - 1 one-token steps, each at a position tensor through the cache
+    (KVCache): the same shapes every step, so on CUDA one captured graph replays them, where eager steps were bound
+    by launching hundreds of small kernels a token. pick runs after each step, outside the graph."""
     cache = KVCache(model.cfg.num_hidden_layers, capacity)
     out = torch.empty(prompts.shape[0], num_new, dtype=torch.int64, device=prompts.device)
-    token = pick(model(prompts, logits_from=-1, cache=cache).logits[:, -1])  # [B]
-    out[:, 0] = token
+    out[:, 0] = pick(model(prompts, logits_from=-1, cache=cache).logits[:, -1])
+    token = out[:, :1].clone()  # [B, 1]: the step's input, and position its place, both updated in place
+    position = torch.full((1,), prompts.shape[1], dtype=torch.int64, device=prompts.device)
+
+    def step() -> torch.Tensor:
+        return model(token, logits_from=-1, cache=cache, start=position).logits[:, -1]
+
+    step_logits = _captured(step) if prompts.device.type == "cuda" and num_new > 1 else step
     for j in range(1, num_new):
-        start = prompts.shape[1] + j - 1
-        token = pick(model(token[:, None], logits_from=-1, cache=cache, start=start).logits[:, -1])
-        out[:, j] = token
+        out[:, j] = pick(step_logits())
+        token.copy_(out[:, j:j + 1])
+        position += 1
     return out
+
+
+def _captured(step):
+    """step captured in a CUDA graph, after a warm-up run on a side stream (which writes the cache row the first
+    replay writes again, with the same values): returns a function that replays it and gives its output.
+
+    Both run with torch's deterministic mode off (train-target turns it on): its sort-based index writes cannot be
+    captured, and the step's writes (the cache row, the routing's scatter) hit each element once, so the default
+    kernels give the same values every run anyway."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = step()
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return logits
+
+    return replay

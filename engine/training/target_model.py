@@ -53,21 +53,30 @@ class MLP(nn.Module):
 
 
 class KVCache:
-    """Per-layer expanded K and V [B, H, S, max(qk_head_dim, v_head_dim)] (zero-padded to one width) for
-    incremental decoding, allocated on the first write in the dtype the attention computes in."""
+    """Per-layer expanded K and V [B, H, capacity, max(qk_head_dim, v_head_dim)] (zero-padded to one width) for
+    incremental decoding, allocated zeroed on the first write in the dtype the attention computes in.
+
+    A write at an int start (the prefill, or eager steps) returns the rows 0..start+T-1; a write at a position tensor
+    [1] (one token a step, the graph-captured decode of engine/training/generate.py) returns every row, the later ones
+    still zero, for the attention to mask: the same shapes every step, and no position read on the host."""
 
     def __init__(self, num_layers: int, capacity: int) -> None:
         self.capacity = capacity
         self.k: list[torch.Tensor | None] = [None] * num_layers
         self.v: list[torch.Tensor | None] = [None] * num_layers
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, H, T, .] at positions start..start+T-1; return the cached rows 0..start+T-1."""
-        end = start + k.shape[2]
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, H, T, .] at positions start..start+T-1; return the cached rows as above."""
         if self.k[layer] is None:
             b, h = k.shape[:2]
-            self.k[layer] = k.new_empty(b, h, self.capacity, k.shape[3])
-            self.v[layer] = v.new_empty(b, h, self.capacity, v.shape[3])
+            self.k[layer] = k.new_zeros(b, h, self.capacity, k.shape[3])
+            self.v[layer] = v.new_zeros(b, h, self.capacity, v.shape[3])
+        if isinstance(start, torch.Tensor):
+            self.k[layer].index_copy_(2, start, k)
+            self.v[layer].index_copy_(2, start, v)
+            return self.k[layer], self.v[layer]
+        end = start + k.shape[2]
         self.k[layer][:, :, start:end] = k
         self.v[layer][:, :, start:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
@@ -92,8 +101,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(nh * cfg.v_head_dim, h, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float,
-                cache: KVCache | None, layer: int, start: int) -> torch.Tensor:
-        """x [B, T, hidden] at positions start..start+T-1 (cos, sin [T, P/2]) -> [B, T, hidden]."""
+                cache: KVCache | None, layer: int, start: int | torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden] at positions start..start+T-1 (cos, sin [T, P/2]) -> [B, T, hidden]; start a position
+        tensor [1]: one token attending to the cache's rows up to it (KVCache)."""
         cfg = self.cfg
         b, t, _ = x.shape
         nh, nope, rope, vdim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
@@ -111,12 +121,15 @@ class Attention(nn.Module):
         k = F.pad(torch.cat([k_nope, k_pe[:, :, None].expand(b, t, nh, rope)], dim=-1),
                   (0, width - nope - rope)).transpose(1, 2)
         v = F.pad(v, (0, width - vdim)).transpose(1, 2)
+        mask = None
         if cache is not None:
-            if start > 0 and t > 1:
+            if not isinstance(start, torch.Tensor) and start > 0 and t > 1:
                 raise ValueError(f"a cached forward takes a prefill at position 0 or one token a step, not {t} "
                                  f"tokens at position {start}")
             k, v = cache.append(layer, k, v, start)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=scale)[..., :vdim]  # [B, H, T, v]
+            if isinstance(start, torch.Tensor):  # every cached row comes back: keep those up to the position
+                mask = (torch.arange(cache.capacity, device=x.device) <= start).view(1, 1, 1, -1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=t > 1, scale=scale)[..., :vdim]
         return self.o_proj(o.transpose(1, 2).reshape(b, t, nh * vdim))
 
 
@@ -169,7 +182,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MoE(cfg) if cfg.is_moe_layer(index) else MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float, cache: KVCache | None,
-                start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                start: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         x = x + self.dropout(self.self_attn(self.input_layernorm(x), cos, sin, scale, cache, self.index, start))
         h = self.post_attention_layernorm(x)
         ffn, load = self.mlp(h) if isinstance(self.mlp, MoE) else (self.mlp(h), None)
@@ -227,21 +240,27 @@ class TargetLM(nn.Module):
         return self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
     def forward(self, tokens: torch.Tensor, hidden_layers: Sequence[int] = (), logits_from: int | None = 0,
-                cache: KVCache | None = None, start: int = 0) -> TargetOutput:
-        """tokens [B, T] at positions start..start+T-1.
+                cache: KVCache | None = None, start: int | torch.Tensor = 0) -> TargetOutput:
+        """tokens [B, T] at positions start..start+T-1 (a position tensor [1]: one token a step through the cache,
+        in bounds by the caller's word, KVCache says why).
 
         hidden_layers: the output of each listed layer i, which is transformers' hidden_states[i + 1] (for the
         last layer that entry is after the final norm, as in transformers). logits_from: the first position
         whose logits to compute (-1: the last only; None: no logits, e.g. for features alone)."""
         cfg = self.cfg
         t = tokens.shape[1]
-        if start + t > cfg.max_position_embeddings:
+        if isinstance(start, torch.Tensor):
+            if cache is None or t != 1:
+                raise ValueError("a position tensor start takes one token a step through a KVCache")
+            cos, sin = self.rope_cos.index_select(0, start), self.rope_sin.index_select(0, start)
+        elif start + t > cfg.max_position_embeddings:
             raise ValueError(f"positions up to {start + t} exceed max_position_embeddings="
                              f"{cfg.max_position_embeddings}")
+        else:
+            cos, sin = self.rope_cos[start:start + t], self.rope_sin[start:start + t]
         bad = [i for i in hidden_layers if not 0 <= i < cfg.num_hidden_layers]
         if bad:
             raise ValueError(f"hidden_layers {bad}: layers are numbered 0..{cfg.num_hidden_layers - 1}")
-        cos, sin = self.rope_cos[start:start + t], self.rope_sin[start:start + t]
         x = self.model.embed_tokens(tokens)  # [B, T, hidden]
         outputs, loads = {}, []
         for layer in self.model.layers:
