@@ -128,8 +128,8 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["python", "-m", "engine", "train-target", "--out", str(args.out)]
     for opt in ("preset", *RECIPE_OPTIONS, "tokenizer", "pause_at"):
         value = getattr(args, opt)
-        if value is True:  # a flag
-            parts.append(f"--{opt.replace('_', '-')}")
+        if isinstance(value, bool):  # --compile / --no-compile
+            parts.append(f"--{'' if value else 'no-'}{opt.replace('_', '-')}")
         elif value is not None:
             parts += [f"--{opt.replace('_', '-')}", str(value)]
     parts += [f"--{flag}" for flag in ("resume", "force") if getattr(args, flag)]
@@ -275,8 +275,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the step's windows (default 8)")
     parser.add_argument("--unlikelihood-every", type=int, help="add the term every this many steps (a divisor of "
                         "--log-every; default 1): fewer, larger generations")
-    parser.add_argument("--compile", action="store_true", default=None, help="torch.compile each step's forward "
-                        "and loss: fused kernels, faster on a GPU after a compile of a minute or two; the rounding "
-                        "differs slightly from the eager step's (a --resume keeps the run's choice)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help="torch.compile each step's "
+                        "forward and loss: fused kernels, faster on a GPU after a compile of a minute or so; the "
+                        "rounding differs slightly from the eager step's (default: the preset's; a --resume keeps "
+                        "the run's choice)")
     add_run_dir_options(parser)
     parser.set_defaults(func=train_target)

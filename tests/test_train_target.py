@@ -7,6 +7,7 @@ engine and decodes; a paused and resumed run equals an uninterrupted one; bad op
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import time
@@ -19,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from cli.__main__ import main as cli_main
+from cli.train_target import RECIPE_OPTIONS, command_line, recipe_from_args
 from engine.config import DecodeConfig, ModelConfig
 from engine.decoding.session import decode
 from engine.loaders.fp8_blocks import FP8_BLOCK, FP8_QUANTIZATION, quantize_fp8
@@ -281,6 +283,20 @@ def test_out_dir_conflicts_fail_clearly(tiny_target_run, tmp_path, capsys):
     code, err = train(capsys, "--out", str(tiny_target_run[0]), "--resume")
     assert code == 2 and "nothing to resume" in err
     assert {p.name: p.stat().st_mtime_ns for p in tiny_target_run[0].iterdir()} == before
+
+
+def test_compile_follows_the_preset_unless_the_command_line_says(tmp_path, capsys):
+    """showcase-22m compiles by default, tiny does not; --no-compile and --compile override either, and a refused
+    resume names the difference (the recipe is the checkpoint's)."""
+    assert PRESETS["showcase-22m"].compile and not PRESETS["tiny"].compile
+    for preset in ("tiny", "showcase-22m"):
+        for flag, wanted in (("--compile", True), ("--no-compile", False)):
+            args = argparse.Namespace(**{opt: None for opt in RECIPE_OPTIONS}, preset=preset)
+            args.compile = wanted
+            recipe = recipe_from_args(args, None)
+            assert recipe.compile is wanted and recipe.preset == preset
+            args.out, args.tokenizer, args.pause_at, args.resume, args.force = tmp_path, None, None, False, False
+            assert command_line(args).split().count(flag) == 1
 
 
 def test_compile_without_a_cpp_compiler_fails_clearly(tmp_path, capsys, monkeypatch):

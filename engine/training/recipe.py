@@ -145,8 +145,9 @@ PRESETS = {
                        seq_len=1024, lr=2e-3, dropout=0.1, log_every=50, eval_every=250, eval_windows=128,
                        checkpoint_every=250, save_dtype="fp8"),
     # The next pair's target: two more layers (21.7 M parameters, 24.8 MB in fp8, which an fp8 drafter leaves room
-    # for), 5.98 epochs of the corpus with --with-app-packages (benchmarks/stage_corpus.py: 46.56 M training tokens).
+    # for), 5.98 epochs of the corpus with --with-app-packages (benchmarks/stage_corpus.py: 46.56 M training tokens),
+    # compiled steps (about 9 minutes on one H200).
     "showcase-22m": Recipe(preset="showcase-22m", model=SHOWCASE_22M_MODEL, vocab_size=4096, steps=8500,
                            batch_size=32, seq_len=1024, lr=2e-3, dropout=0.1, log_every=50, eval_every=250,
-                           eval_windows=128, checkpoint_every=250, save_dtype="fp8"),
+                           eval_windows=128, checkpoint_every=250, save_dtype="fp8", compile=True),
 }
