@@ -84,6 +84,15 @@ if [ "$mode" = pair ]; then  # one call: the target's stages, the drafter (what 
     CORPUS=$unpacked
   fi
   pretrained=$PAIR; [ -n "$UNLIKELIHOOD_ARGS" ] && pretrained=$PAIR-pretrained
+  # Every stage generates with the target (its greedy sample, the unlikelihood term, the drafter's data) through a
+  # captured CUDA graph: checked once per machine before anything trains on it.
+  if [ ! -f /tmp/pair-generation-checked ]; then
+    python3 -m pytest -q -p no:cacheprovider tests/test_train_target.py -m cuda -k "generation or greedy" 2>&1 \
+      | tail -3 | tee -a "$OUT/pair.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "the GPU generation tests failed: nothing trained" >>"$OUT/pair.log"
+                                    exit 1; }
+    touch /tmp/pair-generation-checked
+  fi
   {
     train target "$pretrained" $(( ${TARGET_S:-420} < total - SECONDS - 30 ? ${TARGET_S:-420} : total - SECONDS - 30 )) \
       python3 -m engine train-target --out "$pretrained" --preset "$PRESET" --corpus-dir "$CORPUS" ${TARGET_ARGS:-}
