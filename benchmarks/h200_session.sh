@@ -89,8 +89,9 @@ if [ "$mode" = pair ]; then  # one call: the target's stages, the drafter (what 
   if [ ! -f /tmp/pair-generation-checked ]; then
     python3 -m pytest -q -p no:cacheprovider tests/test_train_target.py -m cuda -k "generation or greedy" 2>&1 \
       | tail -3 | tee -a "$OUT/pair.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "the GPU generation tests failed: nothing trained" >>"$OUT/pair.log"
-                                    exit 1; }
+    if [ "${PIPESTATUS[0]}" != 0 ]; then
+      echo "the GPU generation tests failed: nothing trained" | tee -a "$OUT/pair.log"; exit 1
+    fi
     touch /tmp/pair-generation-checked
   fi
   {

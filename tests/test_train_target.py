@@ -119,8 +119,8 @@ def test_hidden_states_follow_transformers_numbering(tmp_path):
     assert model(tokens, logits_from=None).logits is None
 
 
-ON_A_GPU = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                             reason="needs a CUDA GPU")])
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+ON_A_GPU = pytest.param("cuda", marks=[pytest.mark.cuda, needs_cuda])
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_A_GPU])
@@ -285,9 +285,9 @@ def test_out_dir_conflicts_fail_clearly(tiny_target_run, tmp_path, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in tiny_target_run[0].iterdir()} == before
 
 
-def test_compile_follows_the_preset_unless_the_command_line_says(tmp_path, capsys):
-    """showcase-22m compiles by default, tiny does not; --no-compile and --compile override either, and a refused
-    resume names the difference (the recipe is the checkpoint's)."""
+def test_compile_follows_the_preset_unless_the_command_line_says(tmp_path):
+    """showcase-22m compiles by default, tiny does not; --no-compile and --compile override either, and the
+    recorded command line says which."""
     assert PRESETS["showcase-22m"].compile and not PRESETS["tiny"].compile
     for preset in ("tiny", "showcase-22m"):
         for flag, wanted in (("--compile", True), ("--no-compile", False)):
@@ -313,9 +313,6 @@ def test_cuda_without_a_gpu_fails_clearly(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------- on a GPU
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
-
 
 def showcase_model(device: str) -> TargetLM:
     torch.manual_seed(0)
