@@ -5,7 +5,8 @@
 #   full: check + bench (over 10 minutes)            moe: the Kimi-K2-width MoE benchmark
 #   exact: the batch-invariant mode's matmul (bench_kernels --sections linear_rows) and steps (bench_exact)
 #   router: router_logits' CUDA tiles beside cuBLAS's float32 gemm (benchmarks/router_tiles.cu, built with nvcc)
-#   pair: train the shipped pair's way (the PRESET presets, default showcase; resumable while the machine is held):
+#   pair: train the shipped pair's way (the PRESET presets, default showcase-22m, on CORPUS, default the packed
+#         .corpus/stdlib-torch-apps.tar.xz; resumable while the machine is held):
 #         pretrain a target into $PAIR-pretrained, fine-tune it with the unlikelihood stage (UNLIKELIHOOD_ARGS; empty:
 #         no stage, the pretrained target is $PAIR) into $PAIR, train its DFlash drafter, tar the furthest finished
 #         stage into $OUT in parts, then bench_pair (BENCH_ARGS) with what is left of TOTAL_S; TARGET_ARGS and
@@ -19,9 +20,9 @@ export PYTHONUNBUFFERED=1 DDTREE_BUILD_DIR=/tmp/ddtree-build
 # its first error message; the loader's error-path probe says so. The system g++ links it dynamically.
 export CXX=/usr/bin/g++
 mode=${1:-check}
-PAIR=${PAIR:-/tmp/pair/ddtree-py-17m}
-CORPUS=${CORPUS:-.corpus/stdlib-torch-packages.tar.xz}
-PRESET=${PRESET:-showcase}
+PAIR=${PAIR:-/tmp/pair/ddtree-py-22m}
+CORPUS=${CORPUS:-.corpus/stdlib-torch-apps.tar.xz}
+PRESET=${PRESET:-showcase-22m}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/env.txt"
 if [ "$mode" = check ] || [ "$mode" = full ]; then

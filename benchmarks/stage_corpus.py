@@ -1,13 +1,14 @@
 """Stage a corpus folder for `--corpus-dir`: this interpreter's standard library with its own test suites (about
 four times the text of the default `python-stdlib` corpus, which leaves the tests out), plus, for the shipped
-pair's corpus, torch's and four packages' sources (--with-torch --with-packages). Kept: every .py file under the
-stdlib path that is UTF-8 and at most 400 kB, outside the folders and files that are not hand-written library code
+pair's corpus, torch's, four packages' and the dashboard's packages' sources (--with-torch --with-packages
+--with-app-packages, the last command below). Kept: every .py file under the stdlib path that is UTF-8 and at
+most 400 kB, outside the folders and files that are not hand-written library code
 (engine.training.corpus.STDLIB_EXCLUDED_DIRS less the test folders, plus lib2to3's grammar fixtures,
 _sysconfigdata_* and config-*).
 
     python -m benchmarks.stage_corpus .corpus/cpython-3.11-lib      # Python 3.11.7: 1,435 files, 27.4 MB
     python -m benchmarks.stage_corpus --with-torch .corpus/stdlib-torch  # plus torch's own Python sources
-    python -m benchmarks.stage_corpus --with-torch --with-packages .corpus/stdlib-torch-packages  # the shipped pair's
+    python -m benchmarks.stage_corpus --with-torch --with-packages .corpus/stdlib-torch-packages
     python -m benchmarks.stage_corpus --with-torch --with-packages --with-app-packages .corpus/stdlib-torch-apps
 
 --with-torch adds, under torch/, the .py sources of the torch that requirements.txt pins (every install of the

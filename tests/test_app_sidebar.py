@@ -98,7 +98,7 @@ def test_nothing_from_a_link_or_a_path_renders_as_markdown(tmp_path):
     model = tmp_path / "![x](http:" / "host" / "x.png)"
     model.mkdir(parents=True)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "prompts.json"):
-        shutil.copy(ROOT / "models" / "ddtree-py-17m" / name, model / name)
+        shutil.copy(ROOT / "models" / "ddtree-py-22m" / name, model / name)
     image = "![y](http://host/y.png)"
     at = open_link({"model": str(model), "verify_tree": image, "prompt_source": image, "drafter": image})
     assert at.session_state["live"].settings.model == str(model)

@@ -93,7 +93,7 @@ def test_a_capture_and_a_vocabulary_read_back(tiny_checkpoint, tmp_path):
 
 
 def test_a_text_model_report_carries_its_tokens_pieces_and_text(tmp_path):
-    ckpt = load_model(ROOT / "models" / "ddtree-py-17m")
+    ckpt = load_model(ROOT / "models" / "ddtree-py-22m")
     cfg = DecodeConfig(budget=8, block_size=4, max_new_tokens=6)
     runs = decode_runs(ckpt, ckpt.prompt.tolist(), cfg, DrafterSpec(noise=0.2), ("ddtree",))
     report.write_all(Measurement.of(runs), tmp_path)

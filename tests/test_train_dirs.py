@@ -18,7 +18,7 @@ from cli.__main__ import main
 from engine.loaders.dflash_checkpoint import read_dflash_dir
 from engine.loaders.hf_import import read_hf_dir
 
-TOKENIZER = Path(__file__).parents[1] / "models" / "ddtree-py-17m" / "tokenizer.json"
+TOKENIZER = Path(__file__).parents[1] / "models" / "ddtree-py-22m" / "tokenizer.json"
 QUICK = ["--preset", "tiny", "--device", "cpu", "--tokenizer", str(TOKENIZER), "--steps", "4", "--batch-size", "2",
          "--seq-len", "64", "--log-every", "2", "--eval-every", "2", "--checkpoint-every", "2",
          "--save-dtype", "float32"]

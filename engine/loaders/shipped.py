@@ -4,7 +4,7 @@ from __future__ import annotations
 import pathlib
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parents[2] / "models"
-DEFAULT_MODEL = MODELS_DIR / "ddtree-py-17m"  # the shipped text pair (models/README.md)
+DEFAULT_MODEL = MODELS_DIR / "ddtree-py-22m"  # the shipped text pair (models/README.md)
 TINY_FIXTURE = MODELS_DIR / "model_tiny.kdtr"  # the seeded tiny model with golden tokens (make-fixture)
 
 

@@ -133,7 +133,7 @@ DRAFTER_PRESETS = {
                               new_tokens=192, eval_sequences=256, steps=4800, batch_size=64, anchors=32, lr=3e-3,
                               gamma=7.0, log_every=50, eval_every=400, checkpoint_every=400, sampled_share=0.5),
     # Against the showcase-22m target: the same drafter reading its layers 1, 4 and 7 (the last again), saved in
-    # fp8 (4.0 MB; on the shipped pair an fp8 copy of its drafter kept tau within 1.4%, docs/training.md).
+    # fp8 (4.0 MB; on the pair before it an fp8 copy of its drafter kept tau within 1.4%, docs/training.md).
     "showcase-22m": DrafterRecipe(preset="showcase-22m", drafter=dict(num_hidden_layers=3, num_attention_heads=8,
                                                                       num_key_value_heads=4, head_dim=32,
                                                                       intermediate_size=768),

@@ -139,14 +139,14 @@ PRESETS = {
     # Trains on a 2-core CPU in well under a minute (the tests' recipe).
     "tiny": Recipe(preset="tiny", model=TINY_MODEL, vocab_size=512, steps=300, batch_size=12, seq_len=160,
                    lr=6e-3, log_every=25, eval_every=100, eval_windows=32, checkpoint_every=100),
-    # About 16.7 M parameters (19.9 MB in fp8); sized for one H200 (docs/training.md says how): 7000 steps, about
-    # 6 epochs of the stdlib + torch + packages corpus, in two device calls (a checkpoint every 250 steps).
+    # About 16.7 M parameters (19.9 MB in fp8): the pair shipped before ddtree-py-22m (docs/training.md): 7000 steps,
+    # about 6 epochs of the stdlib + torch + packages corpus, in two device calls (a checkpoint every 250 steps).
     "showcase": Recipe(preset="showcase", model=SHOWCASE_MODEL, vocab_size=4096, steps=7000, batch_size=32,
                        seq_len=1024, lr=2e-3, dropout=0.1, log_every=50, eval_every=250, eval_windows=128,
                        checkpoint_every=250, save_dtype="fp8"),
-    # The next pair's target: two more layers (21.7 M parameters, 24.8 MB in fp8, which an fp8 drafter leaves room
-    # for), 5.98 epochs of the corpus with --with-app-packages (benchmarks/stage_corpus.py: 46.56 M training tokens),
-    # compiled steps (about 9 minutes on one H200).
+    # The shipped pair's target (models/ddtree-py-22m): two more layers (21.7 M parameters, 24.9 MB in fp8, which an
+    # fp8 drafter leaves room for), 5.98 epochs of the corpus with --with-app-packages (benchmarks/stage_corpus.py:
+    # 46.56 M training tokens), compiled steps (about 11 minutes on one H100).
     "showcase-22m": Recipe(preset="showcase-22m", model=SHOWCASE_22M_MODEL, vocab_size=4096, steps=8500,
                            batch_size=32, seq_len=1024, lr=2e-3, dropout=0.1, log_every=50, eval_every=250,
                            eval_windows=128, checkpoint_every=250, save_dtype="fp8", compile=True),
