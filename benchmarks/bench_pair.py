@@ -1,22 +1,22 @@
 """The shipped text pair, measured: does the target write text, and how much does its trained DFlash drafter buy?
 
-Over the model's held-out prompts (prompts.json: drawn from the corpus' held-out split at training) x new tokens: the
-target's validation loss (training.json) and, per row (AR, the DFlash chain, DDTree at each budget and under
-`--budget auto`, at T = 0; then AR, the chain and DDTree at one budget at T = 0.8, each prompt under its own fixed
-seed; then AR, the chain and DDTree at that budget on prompts of everyday Python written for the benchmark,
-benchmarks/written_prompts.py, at T = 0), tau pooled over the prompts (all committed tokens over all steps,
-profiling.metrics.pooled_tau), beside it the tau of the steps on new text with their count
-(profiling/repeated_text.py's rule: a looping target makes tau cheap) and the distinct-4-gram rate of the row's
-continuations, per-position acceptance (pooled alike), and the wall-clock speedup over the AR row of the same
-temperature (CUDA: graph replays). Every speculative run must emit exactly the AR tokens (at T > 0 too: the noise is
-keyed by seed and position). Each decode is run once with its records (tau, acceptance, tokens; on CUDA its steps
-replayed as graphs after the first, as the timed decodes' are) and timed through the decoder's device path
+Over the model's held-out prompts (prompts.json: drawn from the corpus' held-out split at training) x new tokens:
+the target's validation loss (training.json's; with --corpus-dir, that of its file measured here too) and, per row
+(AR, the DFlash chain, DDTree at each budget and under `--budget auto`, at T = 0; then AR, the chain and DDTree at
+one budget at T = 0.8, each prompt under its own fixed seed; then AR, the chain and DDTree at that budget on prompts
+of everyday Python written for the benchmark, benchmarks/written_prompts.py, at T = 0), tau pooled over the prompts
+(all committed tokens over all steps, profiling.metrics.pooled_tau), beside it the tau of the steps on new text with
+their count (profiling/repeated_text.py's rule: a looping target makes tau cheap) and the distinct-4-gram rate of
+the row's continuations, per-position acceptance (pooled alike), and the wall-clock speedup over the AR row of the
+same temperature (CUDA: graph replays). Every speculative run must emit exactly the AR tokens (at T > 0 too: the
+noise is keyed by seed and position). Each decode is run once with its records (tau, acceptance, tokens; on CUDA its
+steps replayed as graphs after the first, as the timed decodes' are) and timed through the decoder's device path
 (Decoder.advance; on CUDA the step captured as a graph after one eager step), so the records' host bookkeeping stays
-out of the times: the timed decodes interleave the rows prompt by prompt, in --rounds rounds,
-each keeping its fastest (time_rows).
+out of the times: the timed decodes interleave the rows prompt by prompt, in --rounds rounds, each keeping its
+fastest (time_rows).
 
     python -m benchmarks.bench_pair [--model DIR] [--device cuda|cpu] [--quick] [--batch-invariant] [--rounds N]
-                                    [--out DIR]
+                                    [--corpus-dir DIR] [--out DIR]
 """
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ from engine.loaders.loading import load_model
 from engine.loaders.shipped import DEFAULT_MODEL
 from engine.model.target import TargetModel
 from engine.records import MODE_LABELS, RunRecord
+from engine.training.recipe import TrainError
+from engine.training.saved_validation import saved_validation_loss
 from profiling.divergence import NEAR_TIE, classify
 from profiling.metrics import distinct_4gram_rate, first_divergence, new_text_tau, per_position_acceptance, pooled_tau
 from profiling.repeated_text import RULE
@@ -192,6 +194,17 @@ def time_rows(ckpt, model: TargetModel, prompts: list[list[int]], rows: list[dic
             row["timed_chosen"] = " ".join(f"{b}:{counts[b]}" for b in sorted(counts))
 
 
+def val_loss_text(training: dict, measured: float | None, corpus_dir: pathlib.Path | None) -> str:
+    """The target's validation loss: at training (the weights in training), as saved (training.json records it since
+    train-target measures its file) and as this run measured the file on corpus_dir, where it did."""
+    text = f"validation loss {training['final_val_loss']:.3f} nats/token at training"
+    if training.get("saved_val_loss") is not None:
+        text += f", {training['saved_val_loss']:.3f} as saved"
+    if measured is not None:
+        text += f", {measured:.3f} of its file measured here on {corpus_dir.name}'s held-out split"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description="the shipped target + DFlash drafter: text quality, tau, speedup")
@@ -205,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, choices=range(1, 11), metavar="1..10",
                    help=f"timed decodes of every row and prompt, the fastest kept (default: {TIMED_ROUNDS} on CUDA, "
                         "1 on the CPU and with --quick)")
+    p.add_argument("--corpus-dir", type=pathlib.Path,
+                   help="the corpus the target was trained on: measure the validation loss of its file as saved "
+                        "over its training's held-out windows, in this run's device (default: training.json's)")
     p.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR)
     args = p.parse_args(argv)
     device = resolve_device(args.device)
@@ -223,6 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     block = json.loads((drafter_dir / "config.json").read_text())["block_size"]
     spec = DrafterSpec("dflash", model=str(drafter_dir))
     training = json.loads((args.model / "training.json").read_text())
+    measured_val_loss = None
+    if args.corpus_dir is not None:  # first, so that a wrong corpus stops the run before its decodes
+        try:
+            measured_val_loss = saved_validation_loss(args.model, args.corpus_dir, device.type)
+        except TrainError as e:
+            raise SystemExit(f"bench_pair --corpus-dir: {e}") from e
 
     def cfg(budget: int = 0, auto: bool = False, temperature: float = 0.0) -> DecodeConfig:
         return DecodeConfig(budget=budget, block_size=block, max_new_tokens=new_tokens, device=device.type,
@@ -263,8 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                "the device, "
                f"{choice_cost_us(device, buckets_up_to(budgets[-1]), block - 1):.1f} us of device time a drafted step")
     distinct = ar["distinct_4gram_rate"]
-    setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, validation loss "
-             f"{training['final_val_loss']:.3f} nats/token at training) + {drafter_dir.name} (block {block}); "
+    val_loss = val_loss_text(training, measured_val_loss, args.corpus_dir)
+    setup = (f"{args.model.name} ({training['num_parameters'] / 1e6:.2f} M parameters, {val_loss}) + "
+             f"{drafter_dir.name} (block {block}); "
              f"{len(prompts)} held-out prompts x {new_tokens} new tokens, T = 0, then T = {SAMPLED} (prompt i under "
              f"seed i), then {len(written_prompts)} prompts of everyday Python written for the benchmark "
              f"(benchmarks/written_prompts.py) at T = 0; {device.type} {dtype}"
@@ -281,7 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{verdict}\n\nexample (AR): {ar['example']!r}\n"
           f"example (AR, T = {SAMPLED}): {sampled_ar['example']!r}\nexample (AR, written): {written_ar['example']!r}\n")
     results = {"setup": setup, "distinct_4gram_rate": distinct, "written_distinct_4gram_rate":
-               written_ar["distinct_4gram_rate"], "val_loss": training["final_val_loss"], "auto": verdict,
+               written_ar["distinct_4gram_rate"], "val_loss": training["final_val_loss"],
+               "saved_val_loss": training.get("saved_val_loss"), "measured_val_loss": measured_val_loss,
+               "auto": verdict,
                "rows": [{k: sorted(v) if k == "real_prompts" else v for k, v in r.items()
                          if k not in ("runs", "decode")} for r in rows]}
     tables = {"setup": setup, "the pair": markdown_table(rows, columns), "auto budget": verdict}

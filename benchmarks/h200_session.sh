@@ -9,8 +9,8 @@
 #         .corpus/stdlib-torch-apps.tar.xz; resumable while the machine is held):
 #         pretrain a target into $PAIR-pretrained, fine-tune it with the unlikelihood stage (UNLIKELIHOOD_ARGS; empty:
 #         no stage, the pretrained target is $PAIR) into $PAIR, train its DFlash drafter, tar the furthest finished
-#         stage into $OUT in parts, then bench_pair (BENCH_ARGS) with what is left of TOTAL_S; TARGET_ARGS and
-#         DRAFTER_ARGS add options, e.g. TARGET_ARGS="--steps 8000"
+#         stage into $OUT in parts, then bench_pair (--corpus-dir CORPUS, BENCH_ARGS) with what is left of TOTAL_S;
+#         TARGET_ARGS and DRAFTER_ARGS add options, e.g. TARGET_ARGS="--steps 8000"
 #   parallel: on a machine of several GPUs, bench_moe at a fixed model over 1, 2, 4, ... ranks (torchrun, NCCL),
 #         then the parallel CPU tests; NVLink multicast stays off (the three variables below)
 set -uo pipefail
@@ -112,6 +112,6 @@ if [ "$mode" = pair ]; then  # one call: the target's stages, the drafter (what 
     -cf - "$(basename "$furthest")" | split -b 15M - "$OUT/pair.tar.part-"
   if [ -f "$PAIR/dflash/training.json" ] && [ $(( total - SECONDS )) -ge 120 ]; then
     timeout $(( total - SECONDS )) python3 -m benchmarks.bench_pair --model "$PAIR" --device cuda \
-      ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench_pair.log"
+      --corpus-dir "$CORPUS" ${BENCH_ARGS:-} --out "$OUT" 2>&1 | tee "$OUT/bench_pair.log"
   fi
 fi

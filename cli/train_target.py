@@ -28,7 +28,7 @@ from engine.training.corpus import draw_prompts, load_corpus
 from engine.training.data import WindowSampler, eval_windows, token_stream
 from engine.training.export import save_hf_dir
 from engine.training.generate import distinct_ngram_rate, generation_dtype, greedy_generate
-from engine.training.loop import Trainer
+from engine.training.loop import Trainer, held_out_loss
 from engine.training.progress import Progress
 from engine.training.recipe import PRESETS, Recipe, TrainError
 from engine.training.run_dir import TRAINING_FILE, check_out_dir, save_run_checkpoint, start_out_dir, writing
@@ -221,8 +221,11 @@ def train_target(args: argparse.Namespace) -> int:
     last = trainer.history.intervals[-1]
     with writing(out):
         save_hf_dir(model, out, recipe.save_dtype, tokenizer.end_of_text_id)
-    # The greedy sample of the model as saved (its dtype's rounding included): the continuations a user gets.
-    sample, order = _sample(load_frozen_target(out, recipe.device)[0], recipe, prompts, tokenizer)
+    # The validation loss and the greedy sample of the model as saved (its dtype's rounding included): what a user
+    # gets.
+    saved = load_frozen_target(out, recipe.device)[0]
+    saved_val_loss = held_out_loss(saved, trainer.eval_windows, recipe.batch_size, trainer.autocast)
+    sample, order = _sample(saved, recipe, prompts, tokenizer)
     report = {
         "commands": trainer.history.commands, "recipe": recipe.to_dict(), "model_config": cfg.to_dict(),
         "num_parameters": sum(p.numel() for p in model.parameters()), "device": _device_name(recipe.device),
@@ -232,7 +235,7 @@ def train_target(args: argparse.Namespace) -> int:
         "steps": trainer.step, "tokens_seen": trainer.step * recipe.tokens_per_step,
         "epochs": trainer.sampler.epochs_at(trainer.step), "wall_time_s": trainer.history.wall_s,
         "setup_time_s": setup_s, "resumed_at": trainer.history.resumed_at,
-        "final_train_loss": last["train_loss"], "final_val_loss": last["val_loss"],
+        "final_train_loss": last["train_loss"], "final_val_loss": last["val_loss"], "saved_val_loss": saved_val_loss,
         "greedy_sample": sample, "intervals": trainer.history.intervals,
         "initial_model": trainer.history.initial_model,
     }
@@ -244,7 +247,8 @@ def train_target(args: argparse.Namespace) -> int:
         (out / TRAINING_FILE).write_text(json.dumps(report, indent=2) + "\n")
         remove_checkpoints(out)
     print(f"wrote {out}: {report['num_parameters'] / 1e6:.2f} M parameters, {trainer.step} steps, "
-          f"train loss {last['train_loss']:.3f}, val loss {last['val_loss']:.3f}, distinct-4-gram "
+          f"train loss {last['train_loss']:.3f}, val loss {last['val_loss']:.3f} ({saved_val_loss:.3f} as saved), "
+          "distinct-4-gram "
           f"{report['greedy_sample']['distinct_4gram_rate']:.2f}", file=sys.stderr)
     return 0
 

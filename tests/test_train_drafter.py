@@ -241,6 +241,21 @@ def test_the_pair_benchmark_runs_on_the_trained_pair(tiny_drafter, tmp_path, cap
                             "--batch-invariant", "--prompts", "2", "--out", str(tmp_path)]) == 0
     exact = json.loads((tmp_path / "pair-cpu.json").read_text())
     assert "batch-invariant" in exact["setup"] and all(r["exact"] == "2/2" for r in exact["rows"])
+    saved = json.loads((target / "training.json").read_text())["saved_val_loss"]
+    assert exact["saved_val_loss"] == saved and f"{saved:.3f} as saved" in exact["setup"]
+    assert exact["measured_val_loss"] is None
+
+
+def test_the_pair_benchmark_refuses_a_corpus_the_target_was_not_trained_on(tiny_drafter, small_corpus, tmp_path):
+    """--corpus-dir measures the saved target's validation loss on its training's held-out windows, so another
+    corpus stops the run, before any decode, with a message naming the corpus it was trained on."""
+    from benchmarks import bench_pair
+
+    target, drafter, _ = tiny_drafter
+    with pytest.raises(SystemExit, match=r"--corpus-dir: .*held-out split is \d+ tokens.*the standard library"):
+        bench_pair.main(["--model", str(target), "--drafter", str(drafter), "--quick", "--device", "cpu",
+                         "--corpus-dir", str(small_corpus), "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_shipped_pair_fits_the_shipping_budget():

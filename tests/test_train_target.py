@@ -33,11 +33,12 @@ from engine.model.fixtures import random_weights, tiny_config
 from engine.model.target import TargetModel
 from engine.model.weights import weight_shapes
 from engine.training.corpus import draw_prompts, load_corpus
-from engine.training.data import WindowSampler, eval_windows
+from engine.training.data import WindowSampler, eval_windows, token_stream
 from engine.training.export import is_fp8_weight, save_hf_dir
 from engine.training.generate import distinct_ngram_rate, greedy_generate
 from engine.training.loop import Trainer
-from engine.training.recipe import PRESETS
+from engine.training.recipe import PRESETS, TrainError
+from engine.training.saved_validation import saved_validation_loss
 from engine.training.target_model import TargetLM, update_router_biases
 from tests.greedy import assert_greedy_equal
 from tests.hf_dirs import dequantize_blocks, e4m3_values
@@ -209,6 +210,40 @@ def test_tiny_recipe_learns_and_the_engine_decodes_it(tiny_target_run):
     assert report["greedy_sample"]["example"]["prompt"] == texts[0]
     assert report["greedy_sample"]["example"]["distinct_4gram_rate"] == pytest.approx(rates[best])
     assert report["greedy_sample"]["distinct_4gram_rate"] == pytest.approx(sum(rates) / len(rates))
+
+
+def test_the_validation_loss_of_the_saved_file_is_recorded(tiny_target_run, small_corpus, tmp_path):
+    """training.json's saved_val_loss is the saved file's loss over the run's held-out windows: recomputed here by the
+    engine's absorbed-MLA model (another implementation) on the windows the recipe cuts, near the loss of the weights
+    in training (the bf16 file rounds them), and saved_validation_loss reproduces it; another corpus or a broken
+    training.json is refused with a message that says what to pass."""
+    out, _ = tiny_target_run
+    report = json.loads((out / "training.json").read_text())
+    recipe, ckpt = PRESETS["tiny"], load_model(out)
+    windows = eval_windows(token_stream(load_corpus(None), Tokenizer.load(out), "held-out"), recipe.seq_len,
+                           recipe.eval_windows)
+    model, n = TargetModel.from_checkpoint(ckpt), recipe.seq_len
+    total = 0.0
+    for window in windows:
+        cache = LatentCache(ckpt.config.num_hidden_layers, n, ckpt.config.kv_lora_rank, ckpt.config.qk_rope_head_dim,
+                            "cpu", torch.float32, model.rope(n))
+        logits, _ = model.forward(window[:-1], torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(), cache)
+        total += torch.nn.functional.cross_entropy(logits.double(), window[1:], reduction="sum").item()
+    engine_loss = total / (windows.shape[0] * n)
+    assert report["saved_val_loss"] == pytest.approx(engine_loss, abs=1e-4)
+    assert report["saved_val_loss"] != report["final_val_loss"]
+    assert report["saved_val_loss"] == pytest.approx(report["final_val_loss"], abs=0.02)
+    assert saved_validation_loss(out, None, "cpu") == pytest.approx(report["saved_val_loss"], abs=1e-6)
+    with pytest.raises(TrainError, match=r"held-out split is \d+ tokens .* validated on \d+; pass the corpus it was "
+                                         r"trained on \(training.json: the standard library"):
+        saved_validation_loss(out, small_corpus, "cpu")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (broken / name).write_bytes((out / name).read_bytes())
+    (broken / "training.json").write_text('{"recipe": {}}')
+    with pytest.raises(TrainError, match="not the record train-target writes"):
+        saved_validation_loss(broken, None, "cpu")
 
 
 def test_resume_continues_exactly(tiny_target_run, small_corpus, tmp_path, capsys):

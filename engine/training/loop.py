@@ -4,6 +4,8 @@ the model's own greedy continuations (engine/training/unlikelihood.py) added, De
 each step, validation on held-out windows."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -13,6 +15,18 @@ from engine.training.recipe import Recipe
 from engine.training.target_model import TargetLM, update_router_biases
 from engine.training.trainer import TrainerBase
 from engine.training.unlikelihood import repeated_ngram_mask, unlikelihood_loss
+
+
+@torch.no_grad()
+def held_out_loss(model: TargetLM, windows: torch.Tensor, batch_size: int,
+                  autocast: contextlib.AbstractContextManager) -> float:
+    """Mean next-token cross-entropy (nats/token) over held-out windows [n, T + 1], batch_size windows at a time."""
+    total = torch.zeros((), device=windows.device)
+    for chunk in windows.split(batch_size):
+        with autocast:
+            logits = model(chunk[:, :-1]).logits
+        total += F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
+    return total.item() / (windows.shape[0] * (windows.shape[1] - 1))
 
 
 def next_token_loss(model: TargetLM, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -74,12 +88,6 @@ class Trainer(TrainerBase):
     def validation(self) -> dict[str, float]:
         return {"val_loss": self.validation_loss()}
 
-    @torch.no_grad()
     def validation_loss(self) -> float:
         """Mean next-token cross-entropy over the held-out windows."""
-        total = torch.zeros((), device=self.recipe.device)
-        for chunk in self.eval_windows.split(self.recipe.batch_size):
-            with self.autocast:
-                logits = self.model(chunk[:, :-1]).logits
-            total += F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
-        return total.item() / (self.eval_windows.shape[0] * (self.eval_windows.shape[1] - 1))
+        return held_out_loss(self.model, self.eval_windows, self.recipe.batch_size, self.autocast)
