@@ -53,6 +53,7 @@ from engine.loaders.loading import load_model
 from engine.loaders.shipped import DEFAULT_MODEL
 from engine.model.target import TargetModel
 from engine.records import MODE_LABELS, RunRecord
+from engine.training.corpus import CorpusError
 from engine.training.recipe import TrainError
 from engine.training.saved_validation import saved_validation_loss
 from profiling.divergence import NEAR_TIE, classify
@@ -243,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.corpus_dir is not None:  # first, so that a wrong corpus stops the run before its decodes
         try:
             measured_val_loss = saved_validation_loss(args.model, args.corpus_dir, device.type)
-        except TrainError as e:
+        except (TrainError, CorpusError) as e:
             raise SystemExit(f"bench_pair --corpus-dir: {e}") from e
 
     def cfg(budget: int = 0, auto: bool = False, temperature: float = 0.0) -> DecodeConfig:

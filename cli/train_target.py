@@ -248,8 +248,7 @@ def train_target(args: argparse.Namespace) -> int:
         remove_checkpoints(out)
     print(f"wrote {out}: {report['num_parameters'] / 1e6:.2f} M parameters, {trainer.step} steps, "
           f"train loss {last['train_loss']:.3f}, val loss {last['val_loss']:.3f} ({saved_val_loss:.3f} as saved), "
-          "distinct-4-gram "
-          f"{report['greedy_sample']['distinct_4gram_rate']:.2f}", file=sys.stderr)
+          f"distinct-4-gram {report['greedy_sample']['distinct_4gram_rate']:.2f}", file=sys.stderr)
     return 0
 
 

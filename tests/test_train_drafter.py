@@ -255,6 +255,9 @@ def test_the_pair_benchmark_refuses_a_corpus_the_target_was_not_trained_on(tiny_
     with pytest.raises(SystemExit, match=r"--corpus-dir: .*held-out split is \d+ tokens.*the standard library"):
         bench_pair.main(["--model", str(target), "--drafter", str(drafter), "--quick", "--device", "cpu",
                          "--corpus-dir", str(small_corpus), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--corpus-dir: .*not a directory"):
+        bench_pair.main(["--model", str(target), "--drafter", str(drafter), "--quick", "--device", "cpu",
+                         "--corpus-dir", str(tmp_path / "missing"), "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
 
 
