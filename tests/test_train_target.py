@@ -72,6 +72,14 @@ def saved_and_loaded(model: TargetLM, directory: Path):
         return read_hf_dir(directory)
 
 
+def engine_prefill_logits(model: TargetModel, cfg: ModelConfig, ids: torch.Tensor) -> torch.Tensor:
+    """The engine's absorbed-MLA logits [n, V] of ids [n] as one causal prefill into a fresh float32 cache."""
+    n = ids.shape[0]
+    cache = LatentCache(cfg.num_hidden_layers, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, "cpu", torch.float32,
+                        model.rope(n))
+    return model.forward(ids, torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(), cache)[0]
+
+
 def test_parameters_carry_the_engine_weight_names():
     for name in VARIANTS:
         cfg = variant_config(name)
@@ -91,14 +99,10 @@ def test_logits_equal_golden_and_engine(variant, tmp_path):
     with torch.no_grad():
         ours = model(torch.from_numpy(tokens)).logits.double().numpy()  # [2, 24, V]
     engine_model = TargetModel.from_checkpoint(ckpt)
-    n = tokens.shape[1]
     for row, ids in enumerate(tokens):
         golden = reference.forward_logits(cfg, ckpt.numpy_weights(), ids.tolist())
         assert_close_at_scale(ours[row], golden, FLOAT32_AT_SCALE, f"(seed {seed})")
-        cache = LatentCache(cfg.num_hidden_layers, n, cfg.kv_lora_rank, cfg.qk_rope_head_dim, "cpu", torch.float32,
-                            engine_model.rope(n))
-        engine_logits, _ = engine_model.forward(torch.from_numpy(ids), torch.arange(n),
-                                                torch.ones(n, n, dtype=torch.bool).tril(), cache)  # a causal prefill
+        engine_logits = engine_prefill_logits(engine_model, cfg, torch.from_numpy(ids))
         assert_close_at_scale(ours[row], engine_logits.numpy(), FLOAT32_AT_SCALE, f"(seed {seed})")
 
 
@@ -222,14 +226,10 @@ def test_the_validation_loss_of_the_saved_file_is_recorded(tiny_target_run, smal
     recipe, ckpt = PRESETS["tiny"], load_model(out)
     windows = eval_windows(token_stream(load_corpus(None), Tokenizer.load(out), "held-out"), recipe.seq_len,
                            recipe.eval_windows)
-    model, n = TargetModel.from_checkpoint(ckpt), recipe.seq_len
-    total = 0.0
-    for window in windows:
-        cache = LatentCache(ckpt.config.num_hidden_layers, n, ckpt.config.kv_lora_rank, ckpt.config.qk_rope_head_dim,
-                            "cpu", torch.float32, model.rope(n))
-        logits, _ = model.forward(window[:-1], torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril(), cache)
-        total += torch.nn.functional.cross_entropy(logits.double(), window[1:], reduction="sum").item()
-    engine_loss = total / (windows.shape[0] * n)
+    model = TargetModel.from_checkpoint(ckpt)
+    total = sum(torch.nn.functional.cross_entropy(engine_prefill_logits(model, ckpt.config, w[:-1]).double(), w[1:],
+                                                  reduction="sum").item() for w in windows)
+    engine_loss = total / (windows.shape[0] * recipe.seq_len)
     assert report["saved_val_loss"] == pytest.approx(engine_loss, abs=1e-4)
     assert report["saved_val_loss"] != report["final_val_loss"]
     assert report["saved_val_loss"] == pytest.approx(report["final_val_loss"], abs=0.02)
