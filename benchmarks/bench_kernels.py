@@ -7,11 +7,12 @@ pass alone and the whole verify done with it (benchmarks/flashinfer_mla.py), eac
 against the float64 reference; elsewhere each run prints that it is skipped. tree_build: ours vs a Python heapq build
 of the same algorithm over torch.topk, and vs our CPU op on a CPU copy, at V=163840 and again at the tiny
 fixture's V=512 (tree_build_tiny). tree_accept and kv_compact: ours vs the plain-torch references of
-kernels/reference.py. linear_rows: the batch-invariant mode's matmul vs torch's at the Kimi-K2 projections' shapes,
-each against its floor (benchmarks/linear_rows_section.py). On CUDA, "ours" and the torch attention are timed as
-CUDA-graph replays (device time) and as eager calls (CUDA events, launch gaps included). On an H100/H200 the
-verify_attn table also times the mma.sync kernel (DDTREE_VERIFY_ATTN_KERNEL=mma) beside the automatic choice
-(wgmma), and on CUDA the tree_build table times the op with the heap's serial pops (DDTREE_TREE_BUILD=heap)
+kernels/reference.py. verify_attn_splits: the batch-invariant verify_attn at each split target beside the fast one
+(benchmarks/exact_splits_section.py). linear_rows: the batch-invariant mode's matmul vs torch's at the Kimi-K2
+projections' shapes, each against its floor (benchmarks/linear_rows_section.py). On CUDA, "ours" and the torch
+attention are timed as CUDA-graph replays (device time) and as eager calls (CUDA events, launch gaps included). On an
+H100/H200 the verify_attn table also times the mma.sync kernel (DDTREE_VERIFY_ATTN_KERNEL=mma) beside the automatic
+choice (wgmma), and on CUDA the tree_build table times the op with the heap's serial pops (DDTREE_TREE_BUILD=heap)
 beside the automatic choice (the threshold build).
 
     python -m benchmarks.bench_kernels [--device cuda|cpu] [--quick] [--out DIR] [--sections verify_attn,...]
@@ -58,6 +59,7 @@ from benchmarks.common import (
     time_wall,
     write_results,
 )
+from benchmarks.exact_splits_section import SPLITS_COLUMNS, bench_exact_splits
 from benchmarks.flashinfer_mla import FlashInferVerify
 from benchmarks.flashinfer_mla import load as load_flashinfer
 from benchmarks.linear_rows_section import LINEAR_COLUMNS, bench_linear_rows
@@ -365,7 +367,8 @@ SMALL_COLUMNS = [
 ]
 
 
-SECTIONS = ("verify_attn", "tree_build", "tree_build_tiny", "tree_accept", "kv_compact", "linear_rows")
+SECTIONS = ("verify_attn", "verify_attn_splits", "tree_build", "tree_build_tiny", "tree_accept", "kv_compact",
+            "linear_rows")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -385,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"torch threads: {torch.get_num_threads()}", flush=True)
     sections = {
         "verify_attn": (ATTN_COLUMNS, lambda: bench_verify_attn(grid, device, dtype, budget, ceil, rng)),
+        "verify_attn_splits": (SPLITS_COLUMNS, lambda: bench_exact_splits(grid.attn_nodes, grid.attn_rows, device,
+                                                                            dtype, budget, rng, measure)),
         "tree_build": (BUILD_COLUMNS, lambda: bench_tree_build(grid, grid.vocab, device, budget, ceil, rng)),
         "tree_build_tiny": (BUILD_COLUMNS, lambda: bench_tree_build(grid, grid.tiny_vocab, device, budget, ceil, rng)),
         "tree_accept": (SMALL_COLUMNS, lambda: bench_tree_accept(grid, device, budget, rng)),

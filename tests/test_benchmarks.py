@@ -73,6 +73,11 @@ def test_bench_kernels_quick_cpu(kernels_run):
         assert r["err_ours"] < 1e-4 and r["err_torch"] < 1e-4 and r["err_exact"] < 1e-4, r  # float32 vs float64
         assert r["speedup"] == pytest.approx(r["torch_us"] / r["ours_us"])
         assert r["exact_over_ours"] == pytest.approx(r["exact_us"] / r["ours_us"])
+    splits = data["verify_attn_splits"]  # on the CPU: the fast and the batch-invariant kernel, no split targets
+    assert [(r["N"], r["S"]) for r in splits] == [(r["N"], r["S"]) for r in attn]
+    for r in splits:
+        assert_positive(r, "ours_us", "exact_us")
+        assert r["exact_over_ours"] == pytest.approx(r["exact_us"] / r["ours_us"]) and "exact_32_us" not in r
     assert [r["B"] for r in data["tree_build"]] == grid["build_budgets"]
     for r in data["tree_build"]:
         assert_positive(r, "ours_us", "topk_us", "heapq_us", "heapq_over_ours", "floor_us", "ours_roofline")
@@ -83,7 +88,7 @@ def test_bench_kernels_quick_cpu(kernels_run):
             assert_positive(r, "ours_us", "ref_us", "ref_over_ours")
             assert r["match_ref"] is True and 1 <= r["path_len"] <= grid["draft_depths"] + 1
     assert_positive(data["kv_compact"][0], "bytes", "ours_tbps")
-    for section in ("verify_attn", "tree_build", "tree_accept", "kv_compact"):
+    for section in ("verify_attn", "verify_attn_splits", "tree_build", "tree_accept", "kv_compact"):
         assert f"## {section}" in md and section in stdout
 
 

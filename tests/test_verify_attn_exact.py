@@ -16,6 +16,7 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")])
 DEVICES = ["cpu", CUDA]
 BLOCKS = "DDTREE_VERIFY_ATTN_EXACT_BLOCKS"  # split | group: how the CUDA kernel maps its splits onto blocks
+SPLITS = "DDTREE_VERIFY_ATTN_EXACT_SPLITS"  # the most splits a row is cut into (longer splits for longer rows)
 
 
 def random_case(rng: random.Random, dtype: torch.dtype, device: str, lat: int, rope: int, num_nodes: int,
@@ -73,14 +74,22 @@ def test_each_node_equals_a_one_node_call_over_the_same_keys(device, dtype):
             assert torch.equal(one[0], out[node]) and torch.equal(one_lse[0], lse[node]), (device, dtype, node)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_node_alone_and_among_257_is_the_same_bits(device, monkeypatch):
+def on_cuda(*values):
+    """Parameters of a CUDA-only case (CUDA's marks), beside cpu / CUDA ones."""
+    return pytest.param("cuda", *values, marks=CUDA.marks)
+
+
+@pytest.mark.parametrize(("device", "split_target"), [("cpu", "auto"), on_cuda("auto"), on_cuda("8"), on_cuda("3")])
+def test_a_node_alone_and_among_257_is_the_same_bits(device, split_target, monkeypatch):
     """Kimi-K2 widths, a 257-node tree over a prefix that crosses split (256) and group (2048) boundaries: each
-    sampled node's output equals its AR call's, with every block layout of the CUDA kernel on either side."""
+    sampled node's output equals its AR call's, with every block layout of the CUDA kernel on either side. With at
+    most 8 splits a row, rows up to 2048 keys split every 256 positions and longer ones every 512, so the tree's
+    nodes straddle the change; with 3, every 1024 (a block per group then folds 3 long splits)."""
+    monkeypatch.setenv(SPLITS, split_target)
     rng = random.Random()
     dtype = torch.bfloat16
     heads = 64 if device == "cuda" else 8
-    prefix = rng.randint(2040, 2300)
+    prefix = rng.randint(2040, 2300) if split_target != "8" else rng.randint(1990, 2040)
     q_lat, q_pe, ckv, kpe, prefix_len, mask, parents = random_case(rng, dtype, device, 512, 64, 257, heads, prefix)
     scale = 0.1
     layouts = ["split", "group"] if device == "cuda" else ["auto"]
@@ -116,6 +125,22 @@ def test_a_call_too_large_for_one_workspace_runs_in_chunks_of_nodes_with_the_sam
         one, one_lse = ar_call(q_lat, q_pe, ckv, kpe, prefix, parents, node, 0.1)
         assert torch.equal(one[0], out[node]) and torch.equal(one_lse[0], lse[node]), node
     assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()  # every node written
+
+
+@pytest.mark.parametrize("device", [CUDA])
+@pytest.mark.parametrize("value", ["0", "129", "-3", "8x", ""])
+def test_a_split_target_out_of_range_is_refused(device, value, monkeypatch):
+    q_lat, q_pe = torch.randn(1, 64, 512, device=device).bfloat16(), torch.randn(1, 64, 64, device=device).bfloat16()
+    ckv, kpe = torch.randn(30, 512, device=device).bfloat16(), torch.randn(30, 64, device=device).bfloat16()
+    args = (q_lat, q_pe, ckv, kpe, torch.tensor(29, device=device), torch.ones(1, 1, dtype=torch.bool, device=device),
+            0.1)
+    monkeypatch.setenv(SPLITS, value)
+    with pytest.raises(RuntimeError, match=f"{SPLITS}={value} is not a count from 1 to 128 or auto"):
+        ops.verify_attn(*args, batch_invariant=True)
+    monkeypatch.setenv(SPLITS, "1")
+    one = ops.verify_attn(*args, batch_invariant=True)
+    monkeypatch.setenv(SPLITS, "auto")
+    assert torch.equal(one.o_lat, ops.verify_attn(*args, batch_invariant=True).o_lat)  # 30 keys: one split either way
 
 
 @pytest.mark.parametrize("device", [CUDA])

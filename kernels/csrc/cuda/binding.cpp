@@ -213,14 +213,17 @@ cudaError_t launch_verify_attn_exact(const at::Tensor& q_lat, const at::Tensor& 
     if (exact_sm90::supported(args)) {
       int num_sms = 0;
       C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q_lat.get_device()));
+      const int target = env_count("verify_attn", "DDTREE_VERIFY_ATTN_EXACT_SPLITS", exact_sm90::kMaxSplitTarget);
+      args.split_target = target == 0 ? exact_sm90::kDefaultSplitTarget : target;
       const int blocks = env_choice("verify_attn", "DDTREE_VERIFY_ATTN_EXACT_BLOCKS", kExactBlocks).value;
       args.group_per_block = blocks == 0 ? exact_sm90::group_per_block(args.num_nodes, args.num_heads,
-                                                                        args.cache_rows, num_sms)
+                                                                        args.cache_rows, args.split_target, num_sms)
                                          : blocks == 2 && args.num_heads % 64 == 0;  // else a block per split
-      args.chunk_nodes = exact_sm90::chunk_nodes(args.num_nodes, args.num_heads, args.cache_rows,
+      args.chunk_nodes = exact_sm90::chunk_nodes(args.num_nodes, args.num_heads, args.cache_rows, args.split_target,
                                                  args.group_per_block);
       const at::Tensor ws = workspace(q_lat, exact_sm90::workspace_bytes(args.chunk_nodes, args.num_heads,
-                                                                         args.cache_rows, args.group_per_block));
+                                                                         args.cache_rows, args.split_target,
+                                                                         args.group_per_block));
       args.workspace = static_cast<float*>(ws.mutable_data_ptr());
       return exact_sm90::launch(args, c10::cuda::getCurrentCUDAStream());
     }

@@ -37,6 +37,7 @@ struct VerifyAttnExactArgs {
   float* workspace;
   bool group_per_block;
   int chunk_nodes;
+  int split_target;  // the most splits a row's positions are cut into (exact_sm90::split_rows_for)
 };
 
 template <typename T>

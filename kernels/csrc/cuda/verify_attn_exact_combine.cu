@@ -11,7 +11,7 @@ namespace ddtree::cuda::exact_sm90 {
 namespace {
 
 // Block per (node, head) row and slice of kCols columns, kCombineThreads threads of kVec columns: a
-// block per split has many slots and few rows (N = 1: 128 slots of 256 rows at S = 32768), so it takes a
+// block per split has many slots and few rows (N = 1: 32 slots of 1024 positions at S = 32768), so it takes a
 // quarter of a row (kVec = 1), a block per group the whole row (kVec = 4). Every slot's (m, l) is read at
 // once into shared memory; warp 0 folds them, the splits of each group (a block per split) then the groups,
 // and leaves each step's coefficients in shared memory; the partial outputs come in stages of up to
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
   const int col0 = blockIdx.x % (kLat / kCols) * kCols;
   const Partials ws = partials(a);
   wait_for_previous_grid();  // the tile kernel's partials (a dependent launch)
-  const int slots = num_slots(a.cache_rows, kGroupPerBlock);
+  const int slots = num_slots(a.cache_rows, a.split_target, kGroupPerBlock);
   const int num_groups = kGroupPerBlock ? slots : ceil_div(slots, kGroupSplits);
   float* s_stage = s_dyn;                              // [stage_slots, kCols]
   const int stage_slots = min(combine_stage_slots(kGroupPerBlock), slots);
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kCombineThreads) verify_attn_exact_combine_ker
 }  // namespace
 
 cudaError_t launch_combine(const VerifyAttnExactArgs<bf16>& a, int node0, bool group_per_block, cudaStream_t stream) {
-  const int slots = num_slots(a.cache_rows, group_per_block);
+  const int slots = num_slots(a.cache_rows, a.split_target, group_per_block);
   const int num_groups = group_per_block ? slots : ceil_div(slots, kGroupSplits);
   const int cols = kCombineThreads * (group_per_block ? 4 : 1);
   const int stage_slots = std::min(combine_stage_slots(group_per_block), slots);  // sized to fit, for occupancy

@@ -20,13 +20,15 @@ using tc_sm90::kLat;
 using tc_sm90::kRows;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kGroupRows = kSplitRows * kGroupSplits;
 constexpr int kCombineThreads = 128;
 // Partial outputs per combine stage: 64 KB of shared memory, so that a row's are all in flight at once.
 __host__ __device__ constexpr int combine_stage_slots(bool group_per_block) { return group_per_block ? 32 : 128; }
 
-__host__ __device__ inline int num_slots(int cache_rows, bool group_per_block) {
-  return ceil_div(cache_rows, group_per_block ? kGroupRows : kSplitRows);
+// Slots (splits, or groups when group_per_block) of the longest row a cache of cache_rows can hold: no row has more
+// than split_target splits, nor more than one per kSplitRows positions.
+__host__ __device__ inline int num_slots(int cache_rows, int split_target, bool group_per_block) {
+  const int splits = min(split_target, ceil_div(cache_rows, kSplitRows));
+  return group_per_block ? ceil_div(splits, kGroupSplits) : splits;
 }
 
 // The workspace: [slots, N*H, R] unnormalised outputs, then [slots, N*H, 2] (max in log2 units, sum).
@@ -40,7 +42,7 @@ struct Partials {
 // row node0 * H + r.
 __device__ __forceinline__ Partials partials(const VerifyAttnExactArgs<bf16>& a) {
   const size_t num_rows = static_cast<size_t>(a.chunk_nodes) * a.num_heads;
-  const size_t slots = num_slots(a.cache_rows, a.group_per_block);
+  const size_t slots = num_slots(a.cache_rows, a.split_target, a.group_per_block);
   return {a.workspace, a.workspace + slots * num_rows * kLat, num_rows};
 }
 

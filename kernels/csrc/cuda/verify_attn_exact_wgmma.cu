@@ -70,8 +70,6 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
   const int qrow0 = node * a.num_heads + head0;
   const int prefix = clamped_prefix(a);
   const bool* mask_row = a.block_mask + static_cast<size_t>(node) * a.num_nodes;
-  const int span = kGroupPerBlock ? kGroupRows : kSplitRows;
-  const int begin = blockIdx.y * span;
   const Partials ws = partials(a);
   const size_t ws_row0 = qrow0 - static_cast<size_t>(node0) * a.num_heads;
   float* slot_o = ws.o + (blockIdx.y * ws.num_rows + ws_row0) * kLat;
@@ -83,7 +81,9 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
     count += __syncthreads_count(j < a.num_nodes && mask_row[j]);
   }
   const int len = prefix + count;
-  const int end = min(len, begin + span);
+  const int split_rows = split_rows_for(len, a.split_target);
+  const int begin = blockIdx.y * (kGroupPerBlock ? kGroupSplits * split_rows : split_rows);
+  const int end = min(len, begin + (kGroupPerBlock ? kGroupSplits * split_rows : split_rows));
   if (begin >= end) {  // past the node's keys: an empty partial, which the combine step skips
     for (int r = threadIdx.x; r < tile_heads; r += kThreads) {
       slot_ml[2 * r] = neg_inf();
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
   float o[kHalfCols / 2];
   int buf = 0;
   for (int tile = begin; tile < end; tile += kRows, buf ^= 1) {
-    const bool split_first = (tile - begin) % kSplitRows == 0;
+    const bool split_first = (tile - begin) % split_rows == 0;
     if (split_first) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) m_run[h] = neg_inf(), l_run[h] = 0.0f;
@@ -220,14 +220,14 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
       wg::fence_operands(o);
     }
 
-    const bool split_last = (tile + kRows - begin) % kSplitRows == 0 || tile + kRows >= end;
+    const bool split_last = (tile + kRows - begin) % split_rows == 0 || tile + kRows >= end;
     if (!split_last) continue;
     // The split's partial: written out (a block per split), or the group's state (a block per group: its
     // first split's partial, then each later one folded in). Until the group's last split the state sits in
     // this block's slot in a private layout (thread t's float4 k at k * kThreads + t: coalesced, each thread
     // reads back only what it wrote; needs H % 64 == 0, so that the slot's 64 rows are this tile's); the last
     // fold lands in registers and is written row-major, as a block per split writes its partial.
-    const bool group_first = tile - begin < kSplitRows, group_last = tile + kRows >= end;  // uniform
+    const bool group_first = tile - begin < split_rows, group_last = tile + kRows >= end;  // uniform
     const bool fold = kGroupPerBlock && !group_first;
     Fold f[2] = {};
     if (group == 0) {
@@ -312,7 +312,7 @@ template <bool kGroupPerBlock>
 cudaError_t launch_kernels(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stream) {
   const auto kernel = verify_attn_exact_wgmma_kernel<kGroupPerBlock>;
   DDTREE_CUDA_TRY(allow_dynamic_smem(kernel, kExactSmemBytes));
-  const int slots = num_slots(a.cache_rows, kGroupPerBlock);
+  const int slots = num_slots(a.cache_rows, a.split_target, kGroupPerBlock);
   for (int node0 = 0; node0 < a.num_nodes; node0 += a.chunk_nodes) {
     VerifyAttnExactArgs<bf16> chunk = a;
     chunk.chunk_nodes = std::min(a.chunk_nodes, a.num_nodes - node0);
@@ -337,34 +337,37 @@ bool supported(const VerifyAttnExactArgs<bf16>& a) {
 // (fitted to both ways timed at 13 shapes on the H200, N = 1 to 257, S = 1024 to 32768: the model's pick is
 // within 4% of the faster way at each, where a fold of half a tile had picked groups 13-16% slower at 512
 // split blocks, e.g. N = 8, S = 16384).
-bool group_per_block(int num_nodes, int num_heads, int cache_rows, int num_sms) {
+// The rows' lengths are modelled as cache_rows.
+bool group_per_block(int num_nodes, int num_heads, int cache_rows, int split_target, int num_sms) {
   if (num_heads % kRows != 0) return false;  // the private state layout needs whole 64-head tiles
   const double tiles = static_cast<double>(num_nodes) * ceil_div(num_heads, kRows);
   const double rows = static_cast<double>(num_nodes) * num_heads;
+  const int split_rows = split_rows_for(cache_rows, split_target);
   const auto us = [&](int span) {
     const int slots = ceil_div(cache_rows, span);
-    const int splits = ceil_div(std::min(cache_rows, span), kSplitRows);  // folded into a block's state
+    const int splits = ceil_div(std::min(cache_rows, span), split_rows);  // folded into a block's state
     const double waves = std::ceil(tiles * slots / std::max(1, num_sms));
     const double tiles_per_block = ceil_div(std::min(cache_rows, span), kRows) + 3.0 * (splits - 1);
     return waves * (tiles_per_block + 5.0) * 1.8 + 1.2e-3 * slots * rows;
   };
-  return us(kGroupRows) < us(kSplitRows);
+  return us(kGroupSplits * split_rows) < us(split_rows);
 }
 
-size_t workspace_bytes(int num_nodes, int num_heads, int cache_rows, bool group_per_block) {
-  return static_cast<size_t>(num_slots(cache_rows, group_per_block)) * num_nodes * num_heads * (kLat + 2) *
-         sizeof(float);
+size_t workspace_bytes(int num_nodes, int num_heads, int cache_rows, int split_target, bool group_per_block) {
+  return static_cast<size_t>(num_slots(cache_rows, split_target, group_per_block)) * num_nodes * num_heads *
+         (kLat + 2) * sizeof(float);
 }
 
-int chunk_nodes(int num_nodes, int num_heads, int cache_rows, bool group_per_block) {
-  const size_t per_node = workspace_bytes(1, num_heads, cache_rows, group_per_block);
+int chunk_nodes(int num_nodes, int num_heads, int cache_rows, int split_target, bool group_per_block) {
+  const size_t per_node = workspace_bytes(1, num_heads, cache_rows, split_target, group_per_block);
   return static_cast<int>(std::clamp<size_t>(kMaxWorkspaceBytes / std::max<size_t>(per_node, 1), 1,
                                              std::max(num_nodes, 1)));
 }
 
 cudaError_t launch(const VerifyAttnExactArgs<bf16>& a, cudaStream_t stream) {
   if (a.num_nodes == 0 || a.num_heads == 0) return cudaSuccess;
-  if (a.workspace == nullptr || a.lat_dim != kLat || a.rope_dim != kRope || a.chunk_nodes < 1) {
+  if (a.workspace == nullptr || a.lat_dim != kLat || a.rope_dim != kRope || a.chunk_nodes < 1 ||
+      a.split_target < 1 || a.split_target > kMaxSplitTarget) {
     return cudaErrorInvalidValue;
   }
   if (a.group_per_block && a.num_heads % kRows != 0) return cudaErrorInvalidValue;
