@@ -82,8 +82,9 @@ __global__ void __launch_bounds__(kThreads, 1) verify_attn_exact_wgmma_kernel(Ve
   }
   const int len = prefix + count;
   const int split_rows = split_rows_for(len, a.split_target);
-  const int begin = blockIdx.y * (kGroupPerBlock ? kGroupSplits * split_rows : split_rows);
-  const int end = min(len, begin + (kGroupPerBlock ? kGroupSplits * split_rows : split_rows));
+  const int span = kGroupPerBlock ? kGroupSplits * split_rows : split_rows;  // the block's positions
+  const int begin = blockIdx.y * span;
+  const int end = min(len, begin + span);
   if (begin >= end) {  // past the node's keys: an empty partial, which the combine step skips
     for (int r = threadIdx.x; r < tile_heads; r += kThreads) {
       slot_ml[2 * r] = neg_inf();
