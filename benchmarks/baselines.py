@@ -1,4 +1,5 @@
-"""What the kernels are measured against, and their random inputs.
+"""What the kernels are measured against, and their random inputs (verify_attn's: one set, and the sets a timing
+rotates through, with ours in both modes as every benchmark calls it).
 
 torch_attention is the plain-torch absorbed attention verify_attn replaces; float64_attention the reference
 both are checked against. heapq_tree_build is the usual way to build a DDTree draft tree without a kernel:
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from benchmarks.common import num_input_sets
+from kernels import ops
 
 # Kimi-K2 attention widths: heads, kv_lora_rank, qk_rope_head_dim; softmax scale = qk_head_dim ** -0.5
 HEADS, RANK, ROPE = 64, 512, 64
@@ -102,6 +106,29 @@ def torch_attention(a: AttnSet) -> torch.Tensor:
     """The plain-torch absorbed attention verify_attn replaces: o_lat only (no lse), the leanest baseline."""
     probs = torch.softmax(masked_scores(a), dim=-1)
     return torch.einsum("nhs,sr->nhr", probs.to(a.ckv.dtype), a.ckv[: probs.shape[-1]])
+
+
+def attn_cost(n: int, s: int, itemsize: int, num_visible_block: int) -> tuple[int, int]:
+    """Fewest bytes (cache rows, q read once; o_lat, lse written once) and FLOPs (QK^T over R+P, PV over R)."""
+    num_bytes = s * (RANK + ROPE) * itemsize + n * HEADS * (2 * RANK + ROPE) * itemsize + n * HEADS * 4 + n * n
+    pairs = n * (s - n) + num_visible_block  # (node, row) pairs attended
+    return num_bytes, 2 * HEADS * pairs * (RANK + ROPE) + 2 * HEADS * pairs * RANK
+
+
+def attn_sets(n: int, s: int, dtype: torch.dtype, device: torch.device, rng: np.random.Generator) -> list[AttnSet]:
+    """The input sets a timing of one shape rotates through (together past the L2s); the first is the checked one."""
+    one = attn_set(n, s, dtype, device, rng)
+    num_bytes, _ = attn_cost(n, s, dtype.itemsize, int(one.block_mask.sum()))
+    return [one] + [attn_set(n, s, dtype, device, rng) for _ in range(num_input_sets(num_bytes) - 1)]
+
+
+def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
+    return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
+
+
+def exact_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch-invariant mode's kernel: keys reduced in position order, as the one-row AR call does."""
+    return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE, batch_invariant=True)
 
 
 def float64_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,9 +33,12 @@ from benchmarks.baselines import (
     ROPE,
     SCALE,
     AttnSet,
-    attn_set,
+    attn_cost,
+    attn_sets,
+    exact_attention,
     float64_attention,
     heapq_tree_build,
+    ours_attention,
     torch_attention,
 )
 from benchmarks.common import (
@@ -127,27 +130,11 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 # -- verify_attn ---------------------------------------------------------------------------------------------
 
-def ours_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
-    return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
-
-
-def exact_attention(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch-invariant mode's kernel: keys reduced in position order, as the one-row AR call does."""
-    return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE, batch_invariant=True)
-
-
-def attn_cost(n: int, s: int, itemsize: int, num_visible_block: int) -> tuple[int, int]:
-    """Fewest bytes (cache rows, q read once; o_lat, lse written once) and FLOPs (QK^T over R+P, PV over R)."""
-    num_bytes = s * (RANK + ROPE) * itemsize + n * HEADS * (2 * RANK + ROPE) * itemsize + n * HEADS * 4 + n * n
-    pairs = n * (s - n) + num_visible_block  # (node, row) pairs attended
-    return num_bytes, 2 * HEADS * pairs * (RANK + ROPE) + 2 * HEADS * pairs * RANK
-
-
 def verify_attn_case(n: int, s: int, device: torch.device, dtype: torch.dtype, budget: Budget, ceil: Ceilings,
                      rng: np.random.Generator, flashinfer=None) -> dict:
-    one = attn_set(n, s, dtype, device, rng)
+    sets = attn_sets(n, s, dtype, device, rng)
+    one = sets[0]
     num_bytes, flops = attn_cost(n, s, dtype.itemsize, int(one.block_mask.sum()))
-    sets = [one] + [attn_set(n, s, dtype, device, rng) for _ in range(num_input_sets(num_bytes) - 1)]
     ref_o, ref_lse = float64_attention(one)
     o, lse = ours_attention(one)
     errors = {"err_ours": rel_err(o, ref_o), "err_torch": rel_err(torch_attention(one), ref_o),

@@ -10,33 +10,22 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from benchmarks.baselines import SCALE, attn_set
-from benchmarks.common import Budget, Column, guarded, num_input_sets, op_setting, ratio
-from kernels import ops
+from benchmarks.baselines import attn_sets, exact_attention, ours_attention
+from benchmarks.common import Budget, Column, guarded, op_setting, ratio
 
 SPLIT_TARGETS = (16, 32, 64, 128)  # 32: the kernel's default; 128: every 256 positions up to S = 32768
 TARGET_VAR = "DDTREE_VERIFY_ATTN_EXACT_SPLITS"
 
 
-def _fast(a):
-    return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE)
-
-
-def _exact(a):
-    return ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE, batch_invariant=True)
-
-
 def splits_case(n: int, s: int, device: torch.device, dtype: torch.dtype, budget: Budget, rng: np.random.Generator,
                 measure: Callable) -> dict:
-    one = attn_set(n, s, dtype, device, rng)
-    set_bytes = s * one.ckv.shape[1] * dtype.itemsize + 3 * one.q_lat.numel() * dtype.itemsize
-    sets = [one] + [attn_set(n, s, dtype, device, rng) for _ in range(num_input_sets(set_bytes) - 1)]
-    row: dict = {"N": n, "S": s, "ours_us": measure(_fast, sets, device, budget).us}
-    row["exact_us"] = measure(_exact, sets, device, budget).us
+    sets = attn_sets(n, s, dtype, device, rng)
+    row: dict = {"N": n, "S": s, "ours_us": measure(ours_attention, sets, device, budget).us}
+    row["exact_us"] = measure(exact_attention, sets, device, budget).us
     row["exact_over_ours"] = ratio(row["exact_us"], row["ours_us"])
     for target in SPLIT_TARGETS if device.type == "cuda" else ():
         with op_setting(TARGET_VAR, str(target)):
-            row[f"exact_{target}_us"] = measure(_exact, sets, device, budget).us
+            row[f"exact_{target}_us"] = measure(exact_attention, sets, device, budget).us
         row[f"exact_{target}_over_ours"] = ratio(row[f"exact_{target}_us"], row["ours_us"])
     return row
 

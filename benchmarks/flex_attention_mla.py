@@ -14,9 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from benchmarks.baselines import SCALE, AttnSet, attn_set
+from benchmarks.baselines import SCALE, AttnSet, attn_set, ours_attention
 from benchmarks.common import QUICK, resolve_device, time_calls
-from kernels import ops
 
 
 def flex_inputs(a: AttnSet) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -49,7 +48,7 @@ def flex_verify(a: AttnSet):
 def check(n: int, s: int, device: torch.device, dtype: torch.dtype) -> str:
     """One line: FlexAttention's error and time beside ours, or why it did not run."""
     a = attn_set(n, s, dtype, device, np.random.default_rng(0))
-    ours = ops.verify_attn(a.q_lat, a.q_pe, a.ckv, a.kpe, a.prefix_len, a.block_mask, SCALE).o_lat
+    ours = ours_attention(a).o_lat
     shape = f"N = {n}, S = {s}, H = {a.q_lat.shape[1]}, qk {a.q_lat.shape[2] + a.q_pe.shape[2]} / v {a.ckv.shape[1]}"
     try:
         run = flex_verify(a)
@@ -59,8 +58,7 @@ def check(n: int, s: int, device: torch.device, dtype: torch.dtype) -> str:
         return f"FlexAttention ({shape}, {dtype}): does not run: {type(err).__name__}: {message[:300]}"
     err = float((got.double() - ours.double()).norm() / ours.double().norm())
     flex_us = time_calls(run, [a], device, QUICK).median_us
-    ours_us = time_calls(lambda x: ops.verify_attn(x.q_lat, x.q_pe, x.ckv, x.kpe, x.prefix_len, x.block_mask, SCALE),
-                         [a], device, QUICK).median_us
+    ours_us = time_calls(ours_attention, [a], device, QUICK).median_us
     return (f"FlexAttention ({shape}, {dtype}): runs, {flex_us:.1f} us against ours {ours_us:.1f} us, "
             f"relative difference from ours {err:.1e}")
 
