@@ -68,6 +68,7 @@ from benchmarks.common import (
     write_results,
 )
 from benchmarks.decode_steps import Plan, choice_cost_us, measure_decoder
+from benchmarks.graph_kernels import KERNEL_COLUMNS, kernel_rows
 from benchmarks.stage_floors import (
     add_drafter_shares,
     add_rooflines,
@@ -91,6 +92,9 @@ HEADROOM_BYTES = 30 * 10**9  # of the GPU's memory left to activations, the cach
 DFLASH_LAYERS, DFLASH_BLOCK = 6, 8  # the learned drafter's rows: Kimi-K2.5-DFlash's widths and block, 6 layers
 LAYER_TOKENS = (1, 17, 65, 257)  # rows of the moe-layer table: AR and the verify of B = 16, 64, 256
 AUTO_TOKENS = 2 * (MAX_BACKOFF + 1)  # an auto row's timed window: two of its longest back-offs and their probes
+KERNEL_STEPS = 4  # graph steps profiled for the kernels table (AR and the largest exact-oracle tree)
+KERNEL_TABLE = (f"kernels of a graph step (torch.profiler over the replays of {KERNEL_STEPS} steps; AR and the largest "
+                "exact tree)")
 
 
 def kimi_k2(num_layers: int) -> ModelConfig:
@@ -185,8 +189,9 @@ def decode_rows(model: TargetModel, plan: Plan, num_counted: int, device: torch.
     rows = []
     for key, make in makers:
         window = plan.auto_tokens if key["budget"] == "auto" else 0
-        rows.append(guarded(key, lambda key=key, make=make, window=window: {
-            **key, **measure_decoder(make, plan, cuda, window), **after_row(make)}))
+        kernel_steps = KERNEL_STEPS if key["budget"] in (0, max(plan.budgets)) and not key["noise"] else 0
+        rows.append(guarded(key, lambda key=key, make=make, window=window, kernel_steps=kernel_steps: {
+            **key, **measure_decoder(make, plan, cuda, window, kernel_steps=kernel_steps), **after_row(make)}))
         if "error" not in rows[-1]:
             print(f"  {key['mode']} B={key['budget']!s:>4} noise={key['noise']}: eager {rows[-1]['eager_step_ms']:.3f} "
                   f"ms/step, tau {rows[-1]['tau_eager']:.2f}, {rows[-1]['touched']:.1f} experts touched", flush=True)
@@ -423,6 +428,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tables[DRAFTER_TABLE] = markdown_table(drafting, DRAFTER_COLUMNS)
     if layers:
         tables["moe layer"] = markdown_table(layers, LAYER_COLUMNS)
+    kernels = [k for r in rows if r.get("kernels") for k in kernel_rows(
+        "AR" if r["mode"] == "AR" else f"B={r['budget']}", r["kernels"], r["graph_step_ms"])]
+    if kernels:
+        tables[KERNEL_TABLE] = markdown_table(kernels, KERNEL_COLUMNS)
     print(f"\n{setup}\n\n{text_table(rows, columns)}\n\n{speedup_chart(rows)}\n\n{text_table(auto, AUTO_COLUMNS)}\n\n"
           f"{text_table(rows, EXPERT_COLUMNS)}\n")
     if shard is None:
@@ -430,6 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{DRAFTER_TABLE}\n{text_table(drafting, DRAFTER_COLUMNS)}\n")
     if layers:
         print(f"{text_table(layers, LAYER_COLUMNS)}\n")
+    if kernels:
+        print(f"{KERNEL_TABLE}\n{text_table(kernels, KERNEL_COLUMNS)}\n")
     failed = num_failed(rows) + sum(bool(r.get("graph_error")) for r in rows)
     if shard is None or shard.rank == 0:
         stem = f"moe-{device.type}" + (f"-w{world}" if shard else "")

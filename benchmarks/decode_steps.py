@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import Budget, guarded, time_replays
+from benchmarks.graph_kernels import profile_steps
 from engine.decoding.budget import choose, confidence_prior, learn_confidence
 from engine.decoding.decoder import Decoder
 from engine.timers import StepTimer
@@ -126,7 +127,8 @@ def eager_and_profile(dec: Decoder, plan: Plan, min_tokens: int = 0) -> tuple[St
     return eager, stage_ms, policy
 
 
-def graph_steps(dec: Decoder, plan: Plan, min_tokens: int) -> dict:
+def graph_steps(dec: Decoder, plan: Plan, min_tokens: int, kernel_steps: int = 0) -> dict:
+    """Timed replays of the captured step, then kernel_steps more under torch.profiler (graph_kernels)."""
     for _ in range(plan.warmup):
         dec.advance()
     dec.capture_graph()
@@ -134,7 +136,9 @@ def graph_steps(dec: Decoder, plan: Plan, min_tokens: int) -> dict:
         dec.advance()
     before = budget_policy(dec)
     steps = Steps.measure(dec, dec.advance, plan.num_steps, min_tokens)
-    return {"steps": steps, "generated": committed(dec), "policy": budget_policy(dec, before)}
+    policy = budget_policy(dec, before)
+    kernels = profile_steps(dec.advance, kernel_steps) if kernel_steps else None
+    return {"steps": steps, "generated": committed(dec), "policy": policy, "kernels": kernels}
 
 
 def budget_policy(dec: Decoder, before: dict | None = None) -> dict | None:
@@ -222,11 +226,12 @@ def committed(dec: Decoder) -> list[int]:
 
 
 def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool, min_tokens: int = 0,
-                    after_eager: Callable[[Decoder], dict] | None = None) -> dict:
+                    after_eager: Callable[[Decoder], dict] | None = None, kernel_steps: int = 0) -> dict:
     """Eager + profiled steps on one decoder, graph replays on a second (CUDA only), each timed until it committed
     min_tokens (an auto budget's window); the tokens each committed, and an auto budget's choices over the last
     timed window. A failed graph capture leaves the eager numbers standing (graph_error says why). after_eager(dec)
-    adds fields from the first decoder once its steps ran (dflash_rows: drafter_replays)."""
+    adds fields from the first decoder once its steps ran (dflash_rows: drafter_replays). kernel_steps > 0 profiles
+    that many graph steps after the timed ones: "kernels" (graph_kernels.profile_steps; None without graphs)."""
     dec = make(False)
     eager, stage_ms, policy = eager_and_profile(dec, plan, min_tokens)
     generated = [committed(dec)]
@@ -234,7 +239,7 @@ def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool, min
     del dec
     graph, graph_error = None, None
     if cuda:
-        replayed = guarded({}, lambda: graph_steps(make(True), plan, min_tokens))
+        replayed = guarded({}, lambda: graph_steps(make(True), plan, min_tokens, kernel_steps))
         graph, graph_error = replayed.get("steps"), replayed.get("error")
         generated += [replayed["generated"]] if graph else []
         policy = replayed.get("policy", policy)
@@ -242,7 +247,7 @@ def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool, min
     step_ms = stage_ms["step"]
     return {
         "eager": asdict(eager), "graph": asdict(graph) if graph else None, "generated": generated,
-        "graph_error": graph_error,
+        "graph_error": graph_error, "kernels": replayed.get("kernels") if cuda else None,
         "eager_step_ms": eager.median_ms, "graph_step_ms": graph.median_ms if graph else None,
         "tau_eager": eager.tau, "tau_graph": graph.tau if graph else None,
         "eager_tokens_per_s": eager.tokens_per_s, "graph_tokens_per_s": graph.tokens_per_s if graph else None,
