@@ -148,13 +148,25 @@ latent_write(kv [N, R + P], weight [R], cos [N, P/2] f32, sin [N, P/2] f32, eps,
   fused projection go in as they are); weight kv's dtype or float32; ckv and kpe contiguous in kv's dtype (one layer's
   cache); R >= 1, P even and at most 512; rows at any stride, distinct (of a repeated row one write lands, unordered).
   No host sync (CUDA: a block per row, as rms_norm_rows), so a captured graph serves every prefix_len.
+context_write(kv [n, 2 G D], k_norm [G, D], rope [2, P, D/2] f32, start (0-dim i64), eps, keys [layers, S, Hkv, D],
+              values [layers, S, Hkv, D]) -> None, keys and values in place.
+  The DFlash drafter's context cache write in one launch: n rows of every layer's stacked key and value projections
+  (G = layers * Hkv heads of D; the keys' G D columns, then the values') go to the cache rows start .. start + n - 1.
+  Row i's key head g (layer g // Hkv, head g % Hkv) is head_norm_rope(kv[i, g D : (g + 1) D] as one head, k_norm[g],
+  rope[0, start + i], rope[1, start + i], eps) (rotate-half), its value head kv[i, G D + g D : G D + (g + 1) D] as it
+  is: the same bits as head_norm_rope, a gather of the angles and two index_copy_ on the same device, where those
+  took five launches with the positions' add. kv float32 or bfloat16, its rows at any stride and its last dim
+  contiguous; k_norm kv's dtype or float32; rope (cos, then sin, of positions 0 .. P - 1) contiguous; keys and values
+  contiguous in kv's dtype; D even and at most 512. start is read on the device, so a captured graph serves every
+  length; the positions start .. start + n - 1 must be cache rows (< S) with angles (< P).
 
 Value checks (NaN in the draft or the scores, prefix_len + N <= S, a well-formed path, parents before children,
 depths below L + 1, ranks >= 0, buckets in [0, N - 1], finite seconds > 0, path_len in [1, P] and num_generated
 >= 0) raise on the CPU. The CUDA ops cannot raise on values without a host sync, so there NaN ranks like -inf,
 prefix_len is clamped into [0, S - N], malformed path entries are skipped and tree_accept stops when the path is
 full; commit_path clamps path_len into [0, P] and writes no slot outside [0, G); latent_write skips a row whose
-cache row is outside [0, S) (the CPU raises before writing any); in the budget ops a parent not in [-1, i) counts as
+cache row is outside [0, S) (the CPU raises before writing any), and context_write one whose position is outside
+[0, min(S, P)); in the budget ops a parent not in [-1, i) counts as
 -1, a node at a depth outside [0, L + 1) has no cell (own 0, learns nothing), a negative rank is class 0, a bucket
 is clamped into [0, N - 1], a NaN score's p is NaN and seconds divide as IEEE floats do. The engine checks the
 step's results when it reads its record.
@@ -340,6 +352,14 @@ def latent_write(kv: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: floa
     _ops().latent_write(kv, weight, cos, sin, eps, interleave, ckv, kpe, rows)
 
 
+def context_write(kv: Tensor, k_norm: Tensor, rope: Tensor, start: Tensor, eps: float, keys: Tensor,
+                  values: Tensor) -> None:
+    """Write n rows of a DFlash drafter's context cache in place: keys[l, start + i, h] = the normed and turned key
+    head g = l Hkv + h of kv [n, 2 G D]'s first G D columns (k_norm [G, D], angles rope [2, P, D/2] at start + i),
+    values[l, start + i, h] = its value head from the last G D (head_norm_rope's bits)."""
+    _ops().context_write(kv, k_norm, rope, start, eps, keys, values)
+
+
 def _tree_build_fake(draft_logprobs: Tensor, root_token: Tensor, budget: int, budget_limit=None):
     num_nodes = budget + 1
     index = draft_logprobs.new_empty((num_nodes,), dtype=torch.int64)
@@ -422,6 +442,10 @@ def _latent_write_fake(kv, weight, cos, sin, eps, interleave, ckv, kpe, rows):
     return None
 
 
+def _context_write_fake(kv, k_norm, rope, start, eps, keys, values):
+    return None
+
+
 @functools.cache
 def _register_fakes() -> None:
     for name, fake in (("tree_build", _tree_build_fake), ("verify_attn", _verify_attn_fake),
@@ -433,7 +457,8 @@ def _register_fakes() -> None:
                        ("router_logits", _router_logits_fake), ("moe_route", _moe_route_fake),
                        ("expert_rows", _expert_rows_fake),
                        ("expert_combine", _expert_combine_fake), ("cache_attn", _cache_attn_fake),
-                       ("head_norm_rope", _head_norm_rope_fake), ("latent_write", _latent_write_fake)):
+                       ("head_norm_rope", _head_norm_rope_fake), ("latent_write", _latent_write_fake),
+                       ("context_write", _context_write_fake)):
         torch.library.register_fake(f"ddtree::{name}", fake)
 
 

@@ -293,3 +293,16 @@ def latent_write(kv: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: floa
     lat_dim = ckv.shape[1]
     ckv.index_copy_(0, rows, rms_norm_rows(kv[:, :lat_dim], weight, eps))
     kpe.index_copy_(0, rows, head_norm_rope(kv[:, None, lat_dim:], None, cos, sin, 0.0, interleave)[:, 0])
+
+
+def context_write(kv: Tensor, k_norm: Tensor, rope: Tensor, start: Tensor, eps: float, keys: Tensor,
+                  values: Tensor) -> None:
+    """The float64 norm and RoPE of each key head (head_norm_rope above), in kv's dtype, and the value heads as they
+    are, copied to the cache rows start .. start + n - 1 of every layer."""
+    num_layers, _, num_kv_heads, dim = keys.shape
+    n, width = kv.shape[0], num_layers * num_kv_heads * dim
+    positions = int(start) + torch.arange(n, device=kv.device)
+    turned = head_norm_rope(kv[:, :width].reshape(n, -1, dim), k_norm, rope[0, positions], rope[1, positions], eps)
+    shape = (n, num_layers, num_kv_heads, dim)
+    keys.index_copy_(1, positions, turned.reshape(shape).transpose(0, 1))
+    values.index_copy_(1, positions, kv[:, width:].reshape(shape).transpose(0, 1))

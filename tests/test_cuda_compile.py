@@ -60,7 +60,7 @@ def test_every_op_has_a_cuda_source():
     names = {p.name for p in SOURCES}
     assert {"tree_build.cu", "verify_attn.cu", "tree_accept.cu", "kv_compact.cu", "budget_choose.cu",
             "confidence_learn.cu", "linear_rows.cu", "expert_rows.cu", "rms_norm_rows.cu", "moe_route.cu",
-            "cache_attn.cu", "head_norm_rope.cu", "commit_path.cu", "latent_write.cu"} <= names
+            "cache_attn.cu", "head_norm_rope.cu", "commit_path.cu", "latent_write.cu", "context_write.cu"} <= names
     assert (CUDA_DIR / "binding.cpp").exists()
 
 

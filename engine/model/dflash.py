@@ -78,8 +78,7 @@ class DFlashModel:
         self.keys = torch.zeros(shape, device=dev, dtype=dtype)  # [layers, S, Hkv, D], k_norm and RoPE applied
         self.values = torch.zeros(shape, device=dev, dtype=dtype)  # [layers, S, Hkv, D]
         self.length = torch.zeros((), dtype=torch.int64, device=dev)  # valid context rows
-        self.offsets = torch.arange(capacity, device=dev)  # row offsets, made once: a write's and the block's
-        self.block = self.offsets[: num_draft_positions + 1]  # offsets of the block's rows
+        self.block = torch.arange(num_draft_positions + 1, device=dev)  # offsets of the block's rows, made once
         self.mask_tokens = torch.full((num_draft_positions,), cfg.mask_token_id, dtype=torch.int64, device=dev)
         # cos and sin [2, positions, D/2] of positions 0 .. capacity + L (the block may sit past the last context
         # row), stacked so that a call's rows of both are one gather
@@ -93,20 +92,13 @@ class DFlashModel:
 
     def write_context(self, hidden: torch.Tensor, start: torch.Tensor | int) -> None:
         """hidden [n, len(target_layer_ids) * d], the target's states of n tokens -> cache rows start .. start+n-1
-        (their positions) of every layer: fc, hidden_norm, then one matmul for every layer's keys and values, one
-        head_norm_rope for every layer's keys, one index_copy each. Does not move the valid length."""
+        (their positions) of every layer: fc, hidden_norm, then one matmul for every layer's keys and values and one
+        context_write of them all (the keys normed and turned). Does not move the valid length."""
         cfg, w = self.cfg, self.w
-        n, num_layers = hidden.shape[0], cfg.num_hidden_layers
         ctx = context_features(cfg, w.fc, w.hidden_norm, hidden)
-        positions = start + self.offsets[:n]
         kv = F.linear(ctx, w.context_kv)  # [n, 2 layers Hkv D]
-        width = num_layers * cfg.num_key_value_heads * cfg.head_dim
-        cos, sin = self.rope[:, positions]  # [n, D/2] each
-        keys = ops.head_norm_rope(kv[:, :width].view(n, -1, cfg.head_dim), w.context_k_norm, cos, sin,
-                                  cfg.rms_norm_eps)
-        shape = (n, num_layers, cfg.num_key_value_heads, cfg.head_dim)
-        self.keys.index_copy_(1, positions, keys.view(shape).transpose(0, 1))
-        self.values.index_copy_(1, positions, kv[:, width:].view(shape).transpose(0, 1))
+        start = start if isinstance(start, torch.Tensor) else torch.tensor(start, device=kv.device)
+        ops.context_write(kv, w.context_k_norm, self.rope, start, cfg.rms_norm_eps, self.keys, self.values)
 
     def block_logprobs(self, root: torch.Tensor) -> torch.Tensor:
         """float32 log-probabilities [L, V] of the L tokens after root (0-dim int64), against the valid context

@@ -510,4 +510,42 @@ inline void check_latent_write_args(const at::Tensor& kv, const at::Tensor& weig
   TORCH_CHECK(eps >= 0, "eps must be >= 0, got ", eps);
 }
 
+// context_write: keys and values [layers, S, Hkv, D] contiguous in kv's dtype, D even and at most
+// kMaxHeadNormRopeDim; kv [n, 2 G D] (G = layers Hkv) float32 or bfloat16 with contiguous rows (at any stride); k_norm
+// [G, D] contiguous in kv's dtype or float32; rope [2, P, D/2] float32 contiguous; start a 0-dim int64 (its value is
+// checked by the CPU op); all on kv's device.
+inline void check_context_write_args(const at::Tensor& kv, const at::Tensor& k_norm, const at::Tensor& rope,
+                                     const at::Tensor& start, double eps, const at::Tensor& keys,
+                                     const at::Tensor& values) {
+  check_float_rows(kv, "kv", "[n, 2 G D] (every layer's key heads, then its value heads)");
+  for (const auto& [t, name] : {std::pair{&keys, "keys"}, std::pair{&values, "values"}}) {
+    check_dtype(*t, kv.scalar_type(), name);
+    check_shape(*t, 4, name, "[layers, S, Hkv, D] (the drafter's context cache)");
+    check_contiguous(*t, name);
+    check_same_device(*t, kv, name, "kv");
+  }
+  TORCH_CHECK(values.sizes() == keys.sizes(), "values must have keys' shape ", keys.sizes(), ", got ", values.sizes());
+  const int64_t dim = keys.size(3), groups = keys.size(0) * keys.size(2);
+  TORCH_CHECK(dim >= 2 && dim % 2 == 0 && dim <= kMaxHeadNormRopeDim, "the head dim D = keys.size(3) must be even "
+              "and in [2, ", kMaxHeadNormRopeDim, "], got ", dim);
+  TORCH_CHECK(kv.size(1) == 2 * groups * dim, "kv must hold 2 G D = 2 x ", groups, " x ", dim, " = ",
+              2 * groups * dim, " columns (G = layers x Hkv key heads of D, then as many value heads), got shape ",
+              kv.sizes());
+  check_norm_weight_dtype(k_norm, kv, "kv");
+  check_shape(k_norm, 2, "k_norm", "[G, D] (each layer's k_norm, once per key head)");
+  TORCH_CHECK(k_norm.size(0) == groups && k_norm.size(1) == dim, "k_norm must be [G, D] = [", groups, ", ", dim,
+              "], got ", k_norm.sizes());
+  check_contiguous(k_norm, "k_norm");
+  check_same_device(k_norm, kv, "k_norm", "kv");
+  check_dtype(rope, at::kFloat, "rope");
+  check_shape(rope, 3, "rope", "[2, P, D/2] (cos, then sin, of positions 0 .. P - 1)");
+  TORCH_CHECK(rope.size(0) == 2 && rope.size(2) == dim / 2, "rope must be [2, P, D/2] with D/2 = ", dim / 2,
+              ", got ", rope.sizes());
+  check_contiguous(rope, "rope");
+  check_same_device(rope, kv, "rope", "kv");
+  check_index_scalar(start, "start");
+  check_same_device(start, kv, "start", "kv");
+  TORCH_CHECK(eps >= 0, "eps must be >= 0, got ", eps);
+}
+
 }  // namespace ddtree

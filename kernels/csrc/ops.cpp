@@ -51,6 +51,10 @@ TORCH_LIBRARY(ddtree, m) {
   m.def(
       "latent_write(Tensor kv, Tensor weight, Tensor cos, Tensor sin, float eps, bool interleave, Tensor(a!) ckv, "
       "Tensor(b!) kpe, Tensor rows) -> ()");
+  // The DFlash drafter's context cache write: every layer's keys normed and turned, and its values, at start + i.
+  m.def(
+      "context_write(Tensor kv, Tensor k_norm, Tensor rope, Tensor start, float eps, Tensor(a!) keys, "
+      "Tensor(b!) values) -> ()");
   // Capture helpers, CUDA only (kernels/graph_switch.py): a switch node inside a CUDA graph picked by `index`.
   m.def("graph_switch_begin(Tensor index, int num_branches, int pool_first, int pool_second) -> int");
   m.def("graph_branch_begin(Tensor index, int switch_id, int branch) -> ()");
@@ -79,4 +83,5 @@ TORCH_LIBRARY_IMPL(ddtree, CPU, m) {
   m.impl("cache_attn", &ddtree::cpu::cache_attn);
   m.impl("head_norm_rope", &ddtree::cpu::head_norm_rope);
   m.impl("latent_write", &ddtree::cpu::latent_write);
+  m.impl("context_write", &ddtree::cpu::context_write);
 }

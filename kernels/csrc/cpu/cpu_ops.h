@@ -68,4 +68,7 @@ at::Tensor head_norm_rope(const at::Tensor& x, const std::optional<at::Tensor>& 
 void latent_write(const at::Tensor& kv, const at::Tensor& weight, const at::Tensor& cos, const at::Tensor& sin,
                   double eps, bool interleave, const at::Tensor& ckv, const at::Tensor& kpe, const at::Tensor& rows);
 
+void context_write(const at::Tensor& kv, const at::Tensor& k_norm, const at::Tensor& rope, const at::Tensor& start,
+                   double eps, const at::Tensor& keys, const at::Tensor& values);
+
 }  // namespace ddtree::cpu

@@ -34,6 +34,7 @@
 #include "cache_attn.cuh"
 #include "commit_path.cuh"
 #include "confidence_learn.cuh"
+#include "context_write.cuh"
 #include "expert_rows.cuh"
 #include "graph_switch.cuh"
 #include "head_norm_rope.cuh"
@@ -839,6 +840,33 @@ void latent_write(const at::Tensor& kv, const at::Tensor& weight, const at::Tens
   check_launch(LatentWrite(args, c10::cuda::getCurrentCUDAStream()), op);
 }
 
+void context_write(const at::Tensor& kv, const at::Tensor& k_norm, const at::Tensor& rope, const at::Tensor& start,
+                   double eps, const at::Tensor& keys, const at::Tensor& values) {
+  constexpr const char* op = "context_write";
+  check_context_write_args(kv, k_norm, rope, start, eps, keys, values);
+  check_on_cuda(kv, op, "kv");
+  const c10::cuda::CUDAGuard guard(kv.device());
+  ContextWriteArgs args{};
+  args.kv = kv.const_data_ptr();
+  args.kv_stride = kv.stride(0);
+  args.k_norm = k_norm.const_data_ptr();
+  args.rope = rope.const_data_ptr<float>();
+  args.num_angles = rope.size(1);
+  args.start = start.const_data_ptr<int64_t>();
+  args.keys = keys.mutable_data_ptr();
+  args.values = values.mutable_data_ptr();
+  args.cache_rows = keys.size(1);
+  args.num_rows = as_int(kv.size(0), op, "n (kv.size(0))");
+  args.num_groups = as_int(k_norm.size(0), op, "G (k_norm.size(0))");
+  as_int(kv.size(0) * k_norm.size(0), op, "n * G");
+  args.num_kv_heads = as_int(keys.size(2), op, "Hkv (keys.size(2))");
+  args.head_dim = static_cast<int>(keys.size(3));  // the checks bound D by kMaxHeadNormRopeDim
+  args.eps = static_cast<float>(eps);
+  args.bf16 = kv.scalar_type() == at::kBFloat16;
+  args.norm_f32 = k_norm.scalar_type() == at::kFloat;
+  check_launch(ContextWrite(args, c10::cuda::getCurrentCUDAStream()), op);
+}
+
 void graph_upload(int64_t graph_exec) {
   TORCH_CHECK(graph_exec != 0, "graph_upload: graph_exec is 0; pass graph.raw_cuda_graph_exec() of a ",
               "torch.cuda.CUDAGraph whose capture has ended");
@@ -871,6 +899,7 @@ TORCH_LIBRARY_IMPL(ddtree, CUDA, m) {
   m.impl("cache_attn", &ddtree::cuda::cache_attn);
   m.impl("head_norm_rope", &ddtree::cuda::head_norm_rope);
   m.impl("latent_write", &ddtree::cuda::latent_write);
+  m.impl("context_write", &ddtree::cuda::context_write);
   m.impl("graph_switch_begin", &ddtree::cuda::graph_switch_begin);
   m.impl("graph_branch_begin", &ddtree::cuda::graph_branch_begin);
   m.impl("graph_branch_end", &ddtree::cuda::graph_branch_end);
