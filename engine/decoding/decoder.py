@@ -47,7 +47,6 @@ class _StepTensors:
     path_len: torch.Tensor
     bonus: torch.Tensor
     draft: torch.Tensor | None  # [L, V] draft log-probs (DDTree only)
-    experts_touched: torch.Tensor  # [num_moe_layers] distinct routed experts the verify chose
 
 
 class Decoder:
@@ -146,7 +145,6 @@ class Decoder:
         with t.range("verify"):
             logits, hidden = self.model.forward(tokens, depths, visibility, self.cache, t, self.hidden_layers,
                                                 self.cfg.batch_invariant, float_logits=False)
-            experts_touched = self.model.experts_touched()
             positions = prefix_len + depths + 1 if self.cfg.temperature > 0 else None  # node i chooses i's + 1
             target = pick(logits, positions, self.cfg)
         with t.range("tree_accept"):
@@ -158,7 +156,7 @@ class Decoder:
             # and the cache's prefix move on by path_len, and the bonus is the next root: one launch
             ops.commit_path(target, path, path_len, bonus, self.generated, self.num_generated, self.root,
                             self.cache.prefix_len)
-        return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft, experts_touched), hidden
+        return _StepTensors(prefix_len, tree, logits, target, path, path_len, bonus, draft), hidden
 
     def advance(self) -> _StepTensors:
         """One step on the device and nothing else: no host sync, no record (step() adds the record).
@@ -215,7 +213,8 @@ class Decoder:
         self.tokens.extend(committed)
         self.logits_rows.extend(st.logits.index_select(0, path_index).float().cpu().numpy())
         probs = node_probs(st.logits, st.tree, st.draft, self.cfg)
-        experts = (ExpertTraffic(st.experts_touched.tolist(), self.model.bytes_per_expert)
+        # the expert counts stay in the model's buffer until the next forward: read here, not inside the step
+        experts = (ExpertTraffic(self.model.experts_touched().tolist(), self.model.bytes_per_expert)
                    if self.model.num_moe_layers else None)
         return StepRecord(
             index=len(self.steps), mode=self.mode, prefix_len=int(st.prefix_len),

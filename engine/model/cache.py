@@ -15,7 +15,9 @@ class LatentCache:
     def __init__(self, num_layers: int, capacity: int, kv_lora_rank: int, rope_dim: int,
                  device: torch.device | str, dtype: torch.dtype, rope: tuple[torch.Tensor, torch.Tensor]) -> None:
         self.capacity = capacity
-        self.cos, self.sin = rope  # [positions, P/2]
+        # cos and sin [2, positions, P/2], stacked so that a forward's rows of both are one gather
+        self.rope = torch.stack(rope)
+        self.cos, self.sin = self.rope  # [positions, P/2] each
         self.ckv = torch.zeros(num_layers, capacity, kv_lora_rank, device=device, dtype=dtype)  # [layers, S, R]
         self.kpe = torch.zeros(num_layers, capacity, rope_dim, device=device, dtype=dtype)  # [layers, S, P]
         self.prefix_len = torch.zeros((), dtype=torch.int64, device=device)  # rows holding committed tokens

@@ -195,7 +195,7 @@ class TargetModel:
             # which rows are not padding: only BlockRows pads (its blocks with False); else every row, None
             real = torch.ones(x.shape[0], dtype=torch.bool, device=x.device) if rows.pads else None
             positions = cache.prefix_len + depths
-            cos, sin = cache.cos[positions], cache.sin[positions]  # [N, P/2]
+            cos, sin = cache.rope[:, positions]  # [N, P/2] each
             cache_rows = cache.block_rows(x.shape[0])
             # h: the normed x the next block reads; after this one each residual add and that norm are one step
             h = rows.run(lambda x: rows.rms_norm(x, self.layers[0]["norm1"], cfg.rms_norm_eps), x)
