@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels.graph_capture import capture
 from profiling.bandwidth import measure_copy
 from profiling.environment import environment
 
@@ -135,18 +136,13 @@ def time_replays(fn: Callable[[Any], object], sets: Sequence[Any], budget: Budge
     at least MIN_GRAPH_CALLS; 1: the call captured alone, its replay's launch included). None, with a note printed,
     if fn cannot be captured."""
     num_calls = num_calls or max(len(sets), MIN_GRAPH_CALLS)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as torch advises before a capture
-        for i in range(max(budget.warmup, 1)):
+
+    def calls(count: int) -> None:
+        for i in range(count):
             fn(sets[i % len(sets)])
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
+
     try:
-        with torch.cuda.graph(graph):
-            for i in range(num_calls):
-                fn(sets[i % len(sets)])
+        graph, _ = capture(lambda: calls(max(budget.warmup, 1)), lambda: calls(num_calls))
     except RuntimeError as exc:
         torch.cuda.synchronize()
         print(f"  note: CUDA-graph capture failed, eager timing only: {str(exc).splitlines()[0]}")

@@ -11,6 +11,7 @@ from budget_cases import TOL, case_of, choose_args, first_best, learn_args
 from host_sync import assert_no_host_sync
 
 from kernels import ops
+from kernels.graph_capture import capture
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = "cuda"
@@ -40,15 +41,16 @@ def _fresh_like(static: dict, seed: int) -> dict:
 def test_both_ops_replay_in_a_cuda_graph_on_new_inputs():
     seed = random.randrange(2**31)
     static = _on_cuda(case_of(seed, 256, 2))
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):  # warm up off the default stream, as torch.cuda.graph expects
+    def warm_up():
         ops.budget_choose(*choose_args(static))
         ops.confidence_learn(*learn_args(static, static["realised"].clone(), static["predicted"].clone()))
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def body():
         choice = ops.budget_choose(*choose_args(static))
         ops.confidence_learn(*learn_args(static, static["realised"], static["predicted"]))
+        return choice
+
+    graph, choice = capture(warm_up, body)
     for replay in range(3):
         fresh = _fresh_like(static, seed + 100 * replay)
         for name in INPUTS:

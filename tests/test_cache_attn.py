@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels import ops, reference
+from kernels.graph_capture import capture
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -59,14 +60,8 @@ def test_a_captured_graph_serves_every_length():
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     q, keys, values = _inputs(gen, 8, 64, 8, 128, 4500, "cuda", torch.bfloat16)
     num_visible = torch.tensor(1, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        ops.cache_attn(q, keys, values, num_visible, 0.1)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = ops.cache_attn(q, keys, values, num_visible, 0.1)
+    graph, out = capture(lambda: ops.cache_attn(q, keys, values, num_visible, 0.1),
+                         lambda: ops.cache_attn(q, keys, values, num_visible, 0.1))
     for visible in (4500, 1, 77, 4096, 2000):
         num_visible.fill_(visible)
         graph.replay()

@@ -12,6 +12,7 @@ import torch
 from host_sync import assert_no_host_sync
 
 from kernels import ops, reference
+from kernels.graph_capture import capture
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, needs_cuda])]
@@ -141,14 +142,7 @@ def test_cuda_commits_a_decode_in_a_replayed_graph():
              "num_generated": torch.tensor(1), "prefix_len": torch.tensor(7)}
     step["path"][0] = 0
     got = _on(step, "cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # loads the extension and the kernel before the capture
-        ops.commit_path(**_on(step, "cuda"))
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ops.commit_path(**got)
+    graph, _ = capture(lambda: ops.commit_path(**_on(step, "cuda")), lambda: ops.commit_path(**got))
     want = _on(step, "cpu")
     for replay in range(12):  # 12 steps of 3 to 9 tokens overrun the 32 slots: the last ones are dropped
         length = rng.randint(3, path_size)

@@ -14,6 +14,7 @@ import torch
 from host_sync import assert_no_host_sync
 
 from kernels import ops, reference
+from kernels.graph_capture import capture
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, needs_cuda])]
@@ -129,14 +130,9 @@ def test_cuda_writes_rows_in_a_replayed_graph():
     seed = random.randrange(2**31)
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     write = _write(rng, gen, "cuda", torch.bfloat16, torch.bfloat16, 9, 6, 8, 128)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # loads the extension and the kernel before the capture
-        ops.context_write(**(write | {"keys": write["keys"].clone(), "values": write["values"].clone()}))
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ops.context_write(**write)
+    graph, _ = capture(lambda: ops.context_write(**(write | {"keys": write["keys"].clone(),
+                                                            "values": write["values"].clone()})),
+                       lambda: ops.context_write(**write))
     limit = min(write["keys"].shape[1], write["rope"].shape[1])
     for replay in range(6):
         write["kv"].copy_(torch.randn(write["kv"].shape, generator=gen).to("cuda", torch.bfloat16))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks.graph_kernels import kernel_rows, kernel_summary, profile_steps
+from kernels.graph_capture import capture
 from profiling.capture import ProfEvent
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -58,10 +59,7 @@ def test_a_captured_graphs_replays_are_profiled_kernel_by_kernel():
         out.add_(1)
         out.mul_(2)
 
-    body()  # cuBLAS makes its handle outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    graph, _ = capture(body, body)
     replayed, eager = profile_steps(graph.replay, 3), profile_steps(body, 3)
     assert {r["kernel"]: r["launches"] for r in replayed} == {r["kernel"]: r["launches"] for r in eager}
     assert sum(r["launches"] for r in replayed) >= 3  # the matmul (cuBLAS may add a kernel), the add, the multiply

@@ -15,6 +15,7 @@ import torch
 from host_sync import assert_no_host_sync
 
 from kernels import ops, reference
+from kernels.graph_capture import capture
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, needs_cuda])]
@@ -140,14 +141,8 @@ def test_cuda_writes_blocks_in_a_replayed_graph():
     seed = random.randrange(2**31)
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     block = _block(rng, gen, "cuda", torch.bfloat16, torch.bfloat16, 16, 512, 64, True, False)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # loads the extension and the kernel before the capture
-        ops.latent_write(**(block | {"ckv": block["ckv"].clone(), "kpe": block["kpe"].clone()}))
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ops.latent_write(**block)
+    graph, _ = capture(lambda: ops.latent_write(**(block | {"ckv": block["ckv"].clone(), "kpe": block["kpe"].clone()})),
+                       lambda: ops.latent_write(**block))
     for replay in range(6):
         fresh = _block(rng, gen, "cuda", torch.bfloat16, torch.bfloat16, 16, 512, 64, True, False)
         for name in ("kv", "cos", "sin"):

@@ -16,6 +16,7 @@ from moe_cases import moe_config
 from engine.model import reference as golden
 from engine.model.moe import route, route_and_count
 from kernels import ops, reference
+from kernels.graph_capture import capture
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, needs_cuda])]
@@ -177,15 +178,9 @@ def test_cuda_routing_replays_in_a_graph():
     logits, bias = (t.cuda() for t in _logits(gen, 17, num_experts))
     real = (torch.rand(17, generator=gen) < 0.8).cuda()
     counts = torch.zeros(num_experts, dtype=torch.int32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # loads the extension and the kernel before the capture
-        ops.moe_route(logits, bias, **case, counts=counts, real=real)
-    torch.cuda.current_stream().wait_stream(side)
-    counts.zero_()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        idx, weights = ops.moe_route(logits, bias, **case, counts=counts, real=real)
+    graph, (idx, weights) = capture(lambda: (ops.moe_route(logits, bias, **case, counts=counts, real=real),
+                                             counts.zero_()),
+                                    lambda: ops.moe_route(logits, bias, **case, counts=counts, real=real))
     want_counts = torch.zeros(num_experts, dtype=torch.int32)
     for replay in range(3):
         logits.copy_(_logits(gen, 17, num_experts)[0])

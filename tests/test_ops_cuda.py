@@ -14,6 +14,7 @@ from host_sync import assert_no_host_sync
 from masks import ancestor_mask, block_mask
 
 from kernels import reference
+from kernels.graph_capture import capture
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = "cuda"
@@ -470,15 +471,10 @@ def test_graph_replay_reads_prefix_len_and_draft_on_the_device(ops):
     prefix = torch.tensor(10, device=CUDA)
     draft = _draft(seed, 15, 5000, "smooth").to(CUDA)
     root = torch.tensor(1, device=CUDA)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):  # warm up off the default stream, as torch.cuda.graph expects
-        ops.verify_attn(q_lat, q_pe, ckv, kpe, prefix, mask, scale)
-        ops.tree_build(draft, root, 256)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        attn = ops.verify_attn(q_lat, q_pe, ckv, kpe, prefix, mask, scale)
-        tree = ops.tree_build(draft, root, 256)
+    def both():
+        return ops.verify_attn(q_lat, q_pe, ckv, kpe, prefix, mask, scale), ops.tree_build(draft, root, 256)
+
+    graph, (attn, tree) = capture(both, both)
     for new_prefix in (0, 2000, 4095):
         prefix.fill_(new_prefix)
         draft.copy_(_draft(seed + new_prefix, 15, 5000, "ties"))

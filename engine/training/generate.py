@@ -9,6 +9,7 @@ import torch
 
 from engine.training.ngrams import distinct_ngram_rate as distinct_ngram_rate  # its callers import it from here
 from engine.training.target_model import KVCache, TargetLM
+from kernels.graph_capture import capture
 
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
@@ -106,14 +107,7 @@ def _captured(step):
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(False)
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits = step()
+        graph, logits = capture(step, step)
     finally:
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
