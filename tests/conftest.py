@@ -23,6 +23,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(NETGUARD), os.environ
 offline_guard.install()
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test skipped where torch sees no GPU is a CUDA test: it gets the cuda marker, which gpu-check selects by
+    (cli/gpu_check.py), whether or not its file marked it too."""
+    for item in items:
+        if any("CUDA GPU" in str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)
+
+
 @pytest.fixture(scope="session")
 def netguard_log(tmp_path_factory) -> pathlib.Path:
     log = tmp_path_factory.mktemp("netguard") / "refused.log"
