@@ -237,17 +237,17 @@ def measure_decoder(make: Callable[[bool], Decoder], plan: Plan, cuda: bool, min
     generated = [committed(dec)]
     inspected = after_eager(dec) if after_eager else {}
     del dec
-    graph, graph_error = None, None
+    graph, graph_error, kernels = None, None, None
     if cuda:
         replayed = guarded({}, lambda: graph_steps(make(True), plan, min_tokens, kernel_steps))
-        graph, graph_error = replayed.get("steps"), replayed.get("error")
+        graph, graph_error, kernels = replayed.get("steps"), replayed.get("error"), replayed.get("kernels")
         generated += [replayed["generated"]] if graph else []
         policy = replayed.get("policy", policy)
         torch.cuda.empty_cache()
     step_ms = stage_ms["step"]
     return {
         "eager": asdict(eager), "graph": asdict(graph) if graph else None, "generated": generated,
-        "graph_error": graph_error, "kernels": replayed.get("kernels") if cuda else None,
+        "graph_error": graph_error, "kernels": kernels,
         "eager_step_ms": eager.median_ms, "graph_step_ms": graph.median_ms if graph else None,
         "tau_eager": eager.tau, "tau_graph": graph.tau if graph else None,
         "eager_tokens_per_s": eager.tokens_per_s, "graph_tokens_per_s": graph.tokens_per_s if graph else None,
